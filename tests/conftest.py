@@ -1,0 +1,48 @@
+"""Shared test configuration: hypothesis profiles, the device fixture and the cuda marker.
+
+Profiles (select with HYPOTHESIS_PROFILE=dev|ci|nightly; CI=true selects "ci"):
+gradient checks are finite-difference loops, so deadlines are off everywhere.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import tinymlp
+
+settings.register_profile("dev", max_examples=15, deadline=None)
+settings.register_profile(
+    "ci",
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+)
+settings.register_profile("nightly", max_examples=500, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+CUDA = tinymlp.cuda_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="no CUDA device visible to CuPy")
+    for item in items:
+        if "cuda" in item.keywords and not CUDA:
+            item.add_marker(skip_cuda)
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Run a test once per device; the CUDA run is skipped where no GPU is usable."""
+    return request.param
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
