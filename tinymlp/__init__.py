@@ -14,3 +14,7 @@ from .ops import (
 )
 
 __version__ = "0.1.0"
+
+from .gradcheck import GradcheckError, GradcheckReport, gradcheck, numerical_grad
+from . import functional, nn
+from . import functional as F

@@ -1,0 +1,92 @@
+"""Command line: ``python -m tinymlp doctor`` reports what tinymlp can run on here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+import numpy as np
+
+from . import __version__, backend
+
+
+def _blas_info() -> str:
+    """Name and version of the BLAS NumPy was built with (where NumPy says)."""
+    try:
+        config = np.show_config(mode="dicts")
+        blas = config.get("Build Dependencies", {}).get("blas", {})
+        name = blas.get("name", "unknown")
+        version = blas.get("version", "")
+        return f"{name} {version}".strip()
+    except Exception:  # older NumPy or an unusual build
+        return "unknown"
+
+
+def _thread_env() -> str:
+    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
+    set_vars = [f"{k}={os.environ[k]}" for k in keys if k in os.environ]
+    return ", ".join(set_vars) if set_vars else "none set"
+
+
+def _tiny_op(device: str) -> str:
+    """Run a small matmul + softmax through tinymlp on ``device`` and compare with NumPy."""
+    from . import tensor
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
+    x = tensor(a, device=device, dtype="float64", requires_grad=True)
+    y = (x @ tensor(b, device=device, dtype="float64")).tanh().sum()
+    y.backward()
+    expected = np.tanh(a @ b).sum()
+    ok = abs(y.item() - expected) < 1e-9 and x.grad is not None
+    return "ok" if ok else f"WRONG RESULT ({y.item()} vs {expected})"
+
+
+def doctor() -> int:
+    print(f"tinymlp {__version__}")
+    print(f"python  {platform.python_version()} ({sys.executable})")
+    print(f"numpy   {np.__version__}, BLAS: {_blas_info()}, CPU cores: {os.cpu_count()}, thread variables: {_thread_env()}")
+    print(f"cpu     tiny op: {_tiny_op('cpu')}")
+
+    cupy = backend._import_cupy()
+    if cupy is None:
+        print(f"cupy    not importable ({backend._cupy_error})")
+        print('        for CUDA: pip install "tinymlp[cuda12]" (CUDA 12) or "tinymlp[cuda13]" (CUDA 13)')
+        return 0
+    print(f"cupy    {cupy.__version__}")
+    try:
+        runtime = cupy.cuda.runtime.runtimeGetVersion()
+        driver = cupy.cuda.runtime.driverGetVersion()
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        print(f"cuda    no usable device ({type(exc).__name__}: {exc})")
+        return 1
+    print(f"cuda    runtime {runtime // 1000}.{runtime % 1000 // 10}, driver {driver // 1000}.{driver % 1000 // 10}, {count} device(s)")
+    status = 0
+    for index in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        memory = props["totalGlobalMem"] / 2**30
+        device = "cuda" if index == 0 else f"cuda:{index}"
+        try:
+            result = _tiny_op(device)
+        except Exception as exc:
+            result, status = f"FAILED ({type(exc).__name__}: {exc})", 1
+        print(f"  {device:7s} {name}, {memory:.1f} GiB, compute {props['major']}.{props['minor']}: tiny op: {result}")
+    return status
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tinymlp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="print NumPy/BLAS, CuPy, the CUDA devices seen, and run a tiny op on each")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
