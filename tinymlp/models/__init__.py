@@ -1,0 +1,20 @@
+"""The models of the course work, built from ``tinymlp.nn`` layers, one file each:
+
+- ``mixer.py``: MLP-Mixer (token-mixing and channel-mixing MLPs),
+- ``gmlp.py``:  gMLP (spatial gating unit) and aMLP (gMLP + tiny attention),
+- ``vit.py``:   the Vision Transformer baseline,
+- ``presets.py``: named configurations (``create("mixer_cifar")``) and their parameter counts.
+
+Every model maps images (B, C, H, W) to logits (B, num_classes) and starts with a zero head,
+so its first loss is ln(num_classes).
+"""
+
+from .gmlp import AMLP, GMLP, GMLPBlock
+from .mixer import MLP, MixerBlock, MLPMixer
+from .presets import PAPER_PARAMETERS, PRESETS, config, create, num_parameters
+from .vit import ViT, ViTBlock, sinusoidal_embedding
+
+__all__ = [
+    "AMLP", "GMLP", "GMLPBlock", "MLP", "MLPMixer", "MixerBlock", "PAPER_PARAMETERS", "PRESETS",
+    "ViT", "ViTBlock", "config", "create", "num_parameters", "sinusoidal_embedding",
+]
