@@ -1,0 +1,139 @@
+"""Softmax cross-entropy, fused with its log-softmax, for hard or soft targets.
+
+For logits x (B, K) and a target distribution t_b over the K classes (one-hot for a class id,
+any distribution for mixup / cutmix), with label smoothing alpha:
+
+    t_eff = (1 - alpha) * t + alpha / K
+    L     = -(1/B) * sum_b sum_k t_eff[b,k] * log p[b,k],     p = softmax(x)   (row-wise)
+
+The log-softmax is computed stably: with m = max_k x[b,k] and s = x - m,
+log p = s - log(sum_k exp(s)), so logits of 1e4 give exact, finite values.
+"""
+
+from __future__ import annotations
+
+from ..autograd import Function
+from ..backend import array_module, is_float_dtype
+from ..tensor import Tensor
+
+__all__ = ["CrossEntropy", "cross_entropy"]
+
+
+class CrossEntropy(Function):
+    """L = -(1/B) sum_b sum_k t_eff[b,k] log softmax(x)[b,k]  (see the module docstring).
+
+    Backward. With log p[b,k] = x[b,k] - lse_b and d lse_b / d x[b,j] = p[b,j]:
+
+        dL/dx[b,j] = -(1/B) (t_eff[b,j] - p[b,j] * sum_k t_eff[b,k])
+                   = (p[b,j] - t_eff[b,j]) / B          when each target row sums to 1,
+
+    the famous "softmax minus target". For a soft target that requires grad (rare: targets are
+    usually constants), dL/dt[b,k] = -(1 - alpha) log p[b,k] / B.
+
+    Hard targets (class ids y) never build the one-hot matrix: the forward reads s[b, y_b] and
+    the row sum of the shifted logits s, and the backward is (p - alpha/K, then - (1 - alpha) at
+    (b, y_b)) * g / B. Saved: p = softmax(x), computed in the buffer of s.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, label_smoothing=0.0):
+        xp = array_module(logits)
+        B, K = logits.shape
+        alpha = label_smoothing
+        s = logits - logits.max(axis=1, keepdims=True)       # shifted logits, max 0 per row
+        sum_s = s @ xp.ones(K, dtype=s.dtype)                # row sums of s (for smoothing)
+        hard = not is_float_dtype(target.dtype)
+        if hard:
+            picked = s[xp.arange(B), target]                  # s[b, y_b]
+            t_mass = 1
+        else:
+            target = target.astype(s.dtype, copy=False)
+            picked = (target * s).sum(axis=1)                 # sum_k t[b,k] s[b,k]
+            t_mass = target.sum(axis=1)                       # sum_k t[b,k] (1 for distributions)
+
+        p = xp.exp(s, out=s)                                  # the buffer of s now holds exp(s)
+        z = p.sum(axis=1)
+        lse = xp.log(z)                                       # log sum_k exp(s), in [0, log K]
+        p /= z[:, None]                                       # softmax
+
+        # sum_k t_eff log p = (1 - alpha) (picked - t_mass * lse) + (alpha / K) (sum_s - K * lse)
+        loss_rows = (1 - alpha) * (picked - t_mass * lse)
+        if alpha:
+            loss_rows += (alpha / K) * (sum_s - K * lse)
+        loss = -loss_rows.sum() / B
+
+        ctx.hard, ctx.alpha = hard, alpha
+        if not hard and ctx.needs_input_grad[1]:
+            ctx.log_p = logits - logits.max(axis=1, keepdims=True) - lse[:, None]
+        ctx.save_for_backward(p, target)
+        return xp.asarray(loss, dtype=logits.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        p, target = ctx.saved_tensors
+        xp = array_module(p)
+        B, K = p.shape
+        alpha = ctx.alpha
+        scale = g / B                                         # 0-d array in the logits' dtype
+        need_x, need_t = ctx.needs_input_grad[:2]
+        dx = dt = None
+        if need_x:
+            if ctx.hard:
+                dx = p - alpha / K if alpha else p.copy()
+                dx[xp.arange(B), target] -= 1 - alpha
+                dx *= scale
+            else:
+                t_eff = target * (1 - alpha)
+                if alpha:
+                    t_eff += alpha / K
+                dx = p * t_eff.sum(axis=1, keepdims=True)
+                dx -= t_eff
+                dx *= scale
+        if need_t:
+            dt = ctx.log_p * (-(1 - alpha) * scale)
+            dt = dt.astype(ctx.inputs[1].dtype, copy=False)
+        return dx, dt
+
+
+def cross_entropy(logits, target, label_smoothing=0.0):
+    """Mean softmax cross-entropy over the batch (a 0-d Tensor).
+
+    logits: (B, K) Tensor. target: integer class ids of shape (B,) (a Tensor or an array), or
+    soft target distributions of shape (B, K) (mixup / cutmix). label_smoothing in [0, 1] mixes
+    each target with the uniform distribution: t_eff = (1 - alpha) t + alpha / K.
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"cross_entropy: logits must have shape (batch, classes), got {tuple(logits.shape)}")
+    B, K = logits.shape
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    xp = array_module(logits.data)
+    if isinstance(target, Tensor):
+        if not is_float_dtype(target.dtype):
+            target = target.data                   # class ids are constants
+    else:
+        target = xp.asarray(target)
+    t_data = target.data if isinstance(target, Tensor) else target
+    if t_data.ndim == 1:
+        if is_float_dtype(t_data.dtype) or t_data.dtype == bool:
+            raise TypeError(
+                f"cross_entropy: a 1-D target must hold integer class ids, got dtype {t_data.dtype}; "
+                "pass soft targets as a (batch, classes) array"
+            )
+        if t_data.shape[0] != B:
+            raise ValueError(f"cross_entropy: target of shape {tuple(t_data.shape)} for logits of shape "
+                             f"{(B, K)}; expected ({B},) class ids")
+        if B and (int(t_data.min()) < 0 or int(t_data.max()) >= K):
+            bad = t_data[(t_data < 0) | (t_data >= K)]
+            raise ValueError(f"cross_entropy: target class ids must be in [0, {K - 1}] for {K} classes, "
+                             f"got {bad[:5].tolist()}")
+    elif t_data.ndim == 2:
+        if tuple(t_data.shape) != (B, K):
+            raise ValueError(f"cross_entropy: soft target of shape {tuple(t_data.shape)} for logits of "
+                             f"shape {(B, K)}; expected the same shape")
+        if not isinstance(target, Tensor):
+            target = target.astype(logits.dtype, copy=False)
+    else:
+        raise ValueError(f"cross_entropy: target must be class ids (B,) or distributions (B, K), "
+                         f"got shape {tuple(t_data.shape)} for logits {(B, K)}")
+    return CrossEntropy.apply(logits, target, label_smoothing=float(label_smoothing))
