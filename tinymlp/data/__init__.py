@@ -1,0 +1,49 @@
+"""Data for tinymlp: CIFAR-10/100, a generated image set, a DataLoader and batch augmentations.
+
+    from tinymlp.data import CIFAR10, DataLoader, Compose, RandomCrop, HorizontalFlip, Normalize
+
+    train = CIFAR10(train=True)                  # downloads once, then reads the cached files
+    augment = Compose([RandomCrop(4), HorizontalFlip(), Normalize(train.mean, train.std)])
+    loader = DataLoader(train, batch_size=128, shuffle=True, rng=0, transform=augment, device="cuda")
+    for images, labels in loader:                # float32 (128, 3, 32, 32), int64 (128,)
+        ...
+
+Without the network and without a copy of CIFAR, ``SyntheticImages`` is a drop-in
+replacement with the same shapes and interface. ``get_dataset(name, ...)`` picks one by name.
+"""
+
+from .cifar import (
+    ARCHIVES, CIFAR10, CIFAR10_MEAN, CIFAR10_STD, CIFAR100, CIFAR100_MEAN, CIFAR100_STD,
+    Archive, DatasetError, data_root,
+)
+from .loader import DataLoader, ImageDataset, channel_stats
+from .synthetic import SyntheticImages
+from .transforms import (
+    Compose, CutMix, HorizontalFlip, Mixup, Normalize, RandomCrop,
+    cutmix, horizontal_flip, mixup, normalize, one_hot, random_crop,
+)
+
+DATASETS = {"cifar10": CIFAR10, "cifar100": CIFAR100, "synthetic": SyntheticImages}
+
+
+def get_dataset(name, train=True, root=None, download=True, **kwargs):
+    """The dataset called ``name`` ("cifar10", "cifar100" or "synthetic"), train or test split.
+
+    ``root`` and ``download`` apply to CIFAR; ``kwargs`` go to the dataset's constructor
+    (e.g. ``label_mode="coarse"`` for CIFAR-100, ``num_images=2000`` or ``seed=1`` for synthetic).
+    """
+    key = str(name).lower().replace("-", "")
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}: expected one of {sorted(DATASETS)}")
+    if key == "synthetic":
+        return SyntheticImages(train=train, **kwargs)
+    return DATASETS[key](root=root, train=train, download=download, **kwargs)
+
+
+__all__ = [
+    "ARCHIVES", "Archive", "CIFAR10", "CIFAR100", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR100_MEAN",
+    "CIFAR100_STD", "Compose", "CutMix", "DATASETS", "DataLoader", "DatasetError",
+    "HorizontalFlip", "ImageDataset", "Mixup", "Normalize", "RandomCrop", "SyntheticImages",
+    "channel_stats", "cutmix", "data_root", "get_dataset", "horizontal_flip", "mixup",
+    "normalize", "one_hot", "random_crop",
+]
