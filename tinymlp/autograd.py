@@ -30,6 +30,7 @@ gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: ca
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 
 from .backend import device_of
@@ -62,6 +63,9 @@ class no_grad(contextlib.ContextDecorator):
         _grad_mode.enabled = self._prev
         return False
 
+    def _recreate_cm(self):  # a fresh instance per decorated call: recursion and threads are safe
+        return type(self)()
+
 
 class enable_grad(contextlib.ContextDecorator):
     """Turn graph recording back on inside a ``no_grad`` region."""
@@ -74,6 +78,9 @@ class enable_grad(contextlib.ContextDecorator):
     def __exit__(self, *exc):
         _grad_mode.enabled = self._prev
         return False
+
+    def _recreate_cm(self):  # a fresh instance per decorated call: recursion and threads are safe
+        return type(self)()
 
 
 def unbroadcast(grad, shape):
@@ -140,18 +147,14 @@ class Function:
 
 def _check_same_device(fn, args, arrays):
     """A CPU array meeting a CUDA array is a user error: say which op and which devices."""
-    kind = None
-    for a, arr in zip(args, arrays):
-        if isinstance(a, Tensor):
-            t = type(arr)
-            if kind is None:
-                kind = t
-            elif t is not kind:
-                devices = [device_of(x.data) for x in args if isinstance(x, Tensor)]
-                raise RuntimeError(
-                    f"{fn.__name__}: inputs are on different devices ({', '.join(devices)}); "
-                    "move them to one device first with .to(device)"
-                )
+    if "cupy" not in sys.modules:  # without CuPy every array is a NumPy array: nothing to check
+        return
+    devices = [device_of(arr) for a, arr in zip(args, arrays) if isinstance(a, Tensor)]
+    if len(set(devices)) > 1:
+        raise RuntimeError(
+            f"{fn.__name__}: inputs are on different devices ({', '.join(devices)}); "
+            "move them to one device first with .to(device)"
+        )
 
 
 def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:

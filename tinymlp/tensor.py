@@ -55,6 +55,8 @@ class Tensor:
     @classmethod
     def _from_op(cls, data, ctx):
         """Wrap an op's output array without copying (used by Function.apply)."""
+        if isinstance(data, np.generic):  # NumPy reductions return scalars: keep .data an array
+            data = np.asarray(data)
         t = object.__new__(cls)
         t.data = data
         t.grad = None
@@ -287,9 +289,9 @@ class Tensor:
         return _ops.reshape(self, shape)
 
     def transpose(self, *axes):
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return _ops.transpose(self, axes or None)
+        if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
+            axes = axes[0]  # x.transpose((1, 0)) and x.transpose(None), as in NumPy
+        return _ops.transpose(self, tuple(axes) if axes else None)
 
     def swapaxes(self, a, b):
         axes = list(range(self.ndim))

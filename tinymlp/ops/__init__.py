@@ -26,7 +26,7 @@ __all__ = [
 
 def _constant(value, like: Tensor):
     """A non-Tensor operand as an array on ``like``'s device (and dtype, for float tensors)."""
-    if isinstance(value, (int, float, bool)):
+    if type(value) in (int, float, bool):  # not np.float64, a float subclass that is not weak
         return value  # Python scalars are 'weak' in NumPy 2: they adopt the tensor's dtype
     xp = like._xp
     if is_float_dtype(like.dtype):

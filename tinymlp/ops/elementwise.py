@@ -87,8 +87,7 @@ class Pow(Function):
 
     @staticmethod
     def forward(ctx, a, b):
-        xp = array_module(a)
-        out = a * a if (not hasattr(b, "shape") and b == 2) else xp.power(a, b)
+        out = a * a if (not hasattr(b, "shape") and b == 2) else a**b
         ctx.save_for_backward(a, b, out)
         return out
 
@@ -102,7 +101,7 @@ class Pow(Function):
             local = 2 * a if (not hasattr(b, "shape") and b == 2) else b * xp.power(a, b - 1)
             grad_a = unbroadcast(g * local, _shape(a))
         if db:
-            grad_b = unbroadcast(g * out * xp.log(a), _shape(b))
+            grad_b = unbroadcast(g * out * xp.log(xp.asarray(a, dtype=out.dtype)), _shape(b))
         return grad_a, grad_b
 
 
@@ -213,7 +212,7 @@ class Where(Function):
 
     @staticmethod
     def forward(ctx, cond, a, b):
-        xp = array_module(a)
+        xp = array_module(cond)  # a or b may be a Python scalar; cond is always an array
         ctx.save_for_backward(cond)
         ctx.shapes = _shape(a), _shape(b)
         return xp.where(cond, a, b)

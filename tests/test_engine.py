@@ -1,0 +1,498 @@
+"""The autograd engine: graph building, the backward pass, its errors and its dtype rules.
+
+Expected gradients here are written out by hand in NumPy (a formula independent of the
+engine), so a test fails if the engine routes, accumulates or frees gradients wrongly.
+"""
+
+import gc
+import sys
+import time
+import types
+import weakref
+
+import numpy as np
+import pytest
+
+import tinymlp
+from tinymlp import Function, Tensor, autograd, no_grad, tensor
+from tinymlp.ops.elementwise import Mul
+
+
+def leaf(values, dtype="float64", device="cpu"):
+    return tensor(np.asarray(values), requires_grad=True, dtype=dtype, device=device)
+
+
+# ------------------------------------------------------------------ accumulation in one graph
+def test_fan_out_accumulates_every_path():
+    """f(x) = tanh(x) * x uses x twice: df/dx = (1 - tanh(x)^2) x + tanh(x)."""
+    rng = np.random.default_rng(0)
+    xv, g = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    x = leaf(xv)
+    (x.tanh() * x).backward(g)
+    t = np.tanh(xv)
+    np.testing.assert_allclose(x.grad, g * ((1 - t * t) * xv + t), rtol=1e-12)
+
+
+def test_same_tensor_twice_in_one_op_and_in_a_sum():
+    x = leaf([1.0, -2.0, 3.0])
+    (x * x + x + x).sum().backward()  # d/dx (x^2 + 2x) = 2x + 2
+    np.testing.assert_array_equal(x.grad, [4.0, -2.0, 8.0])
+
+
+def test_diamond_graph_sums_both_branches():
+    """x -> a = exp(x) -> (a * 2, a * 3) -> sum: the node a must run backward once, with 5 g."""
+    x = leaf([0.5, -1.0])
+    a = x.exp()
+    (a * 2.0 + a * 3.0).sum().backward()
+    np.testing.assert_allclose(x.grad, 5 * np.exp([0.5, -1.0]), rtol=1e-12)
+
+
+def test_reused_parameter_gets_the_sum_of_both_uses():
+    """out = (x @ W) @ W.  With G = dL/dout:  dL/dW = x^T G W^T + (x W)^T G."""
+    rng = np.random.default_rng(1)
+    xv, wv, g = rng.normal(size=(2, 3)), rng.normal(size=(3, 3)), rng.normal(size=(2, 3))
+    x, w = leaf(xv), leaf(wv)
+    ((x @ w) @ w).backward(g)
+    np.testing.assert_allclose(w.grad, xv.T @ g @ wv.T + (xv @ wv).T @ g, rtol=1e-12)
+    np.testing.assert_allclose(x.grad, g @ wv.T @ wv.T, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ backward twice, freeing
+def test_backward_twice_with_retain_graph_accumulates():
+    x = leaf([1.0, 2.0, 3.0])
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    np.testing.assert_array_equal(x.grad, [2.0, 4.0, 6.0])
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [4.0, 8.0, 12.0])
+
+
+def test_gradients_of_separate_graphs_accumulate_until_zero_grad():
+    x = leaf([1.0, 2.0])
+    (x * 3.0).sum().backward()
+    (x * x).sum().backward()
+    np.testing.assert_array_equal(x.grad, [5.0, 7.0])
+    x.zero_grad()
+    assert x.grad is None
+    (x * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad, [3.0, 3.0])
+
+
+def test_leaf_grad_is_not_an_alias_of_an_array_in_the_graph():
+    """Accumulating into x.grad must not write into the upstream gradient the caller passed."""
+    x = leaf([1.0, 2.0])
+    g = np.array([1.0, 1.0])
+    (x + 0.0).backward(g)
+    (x + 0.0).backward(g)
+    np.testing.assert_array_equal(g, [1.0, 1.0])
+    np.testing.assert_array_equal(x.grad, [2.0, 2.0])
+
+
+def test_second_backward_without_retain_graph_raises_clearly():
+    x = leaf([1.0, 2.0])
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="retain_graph=True"):
+        y.backward()
+    np.testing.assert_array_equal(x.grad, [2.0, 4.0])  # the failed call added nothing
+
+
+def test_graph_is_freed_after_backward():
+    x = leaf([1.0, -2.0, 3.0])
+    h = x.relu()  # ReLU saves a boolean mask that nothing else references
+    y = (h * 2.0).sum()
+    mask = weakref.ref(h._ctx.saved_tensors[0])
+    y.backward()
+    gc.collect()
+    assert mask() is None
+    assert h._ctx is autograd._FREED and y._ctx is autograd._FREED
+    assert x._ctx is None  # leaves stay leaves
+
+
+def test_retain_graph_keeps_saved_arrays():
+    x = leaf([1.0, -2.0, 3.0])
+    h = x.relu()
+    mask = weakref.ref(h._ctx.saved_tensors[0])
+    h.sum().backward(retain_graph=True)
+    gc.collect()
+    assert mask() is not None
+    assert h._ctx is not autograd._FREED
+
+
+# ------------------------------------------------------------------ no_grad
+def test_no_grad_context_builds_no_graph():
+    x = leaf([1.0, 2.0])
+    with no_grad():
+        assert not tinymlp.is_grad_enabled()
+        y = (x * 2.0).exp().sum()
+    assert tinymlp.is_grad_enabled()
+    assert y.requires_grad is False and y._ctx is None
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        y.backward()
+
+
+def test_no_grad_as_decorator_and_restored_after_an_exception():
+    @no_grad()
+    def step(t):
+        return t * t + 1.0
+
+    x = leaf([3.0])
+    y = step(x)
+    assert y.requires_grad is False and y._ctx is None
+    assert tinymlp.is_grad_enabled()
+
+    with pytest.raises(ZeroDivisionError):
+        with no_grad():
+            raise ZeroDivisionError
+    assert tinymlp.is_grad_enabled()
+
+
+def test_no_grad_decorated_function_may_recurse():
+    """Each call of a decorated function must restore the mode it found, even when nested."""
+
+    @no_grad()
+    def countdown(n):
+        return countdown(n - 1) if n else tinymlp.is_grad_enabled()
+
+    with tinymlp.enable_grad():  # restores the mode on exit even if the decorator does not
+        assert countdown(2) is False
+        assert tinymlp.is_grad_enabled()
+
+
+def test_enable_grad_inside_no_grad():
+    x = leaf([3.0])
+    with no_grad():
+        with tinymlp.enable_grad():
+            y = x * x
+        z = x * x
+    assert y.requires_grad and y._ctx is not None
+    assert not z.requires_grad and z._ctx is None
+
+
+# ------------------------------------------------------------------ deep graphs
+def test_chain_of_100k_ops_backpropagates_without_recursion():
+    n = 100_000
+    assert sys.getrecursionlimit() < n  # a recursive topological sort would fail here
+    x = leaf([1.0, 2.0])
+    y = x
+    start = time.perf_counter()
+    for _ in range(n):
+        y = y + 1.0
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad, [1.0, 1.0])
+    np.testing.assert_array_equal(y.data, [1.0 + n, 2.0 + n])
+    assert time.perf_counter() - start < 30  # about a second; linear, not quadratic
+
+
+def test_unused_deep_chain_is_deleted_without_crashing():
+    y = leaf([0.0])
+    for _ in range(100_000):
+        y = -y
+    del y  # dropping a long never-freed graph must not overflow the C stack
+    gc.collect()
+
+
+# ------------------------------------------------------------------ devices
+class _FakeCudaArray(np.ndarray):
+    """A distinct array type that reports GPU 0: stands in for a CuPy array on a CPU machine."""
+
+    device = types.SimpleNamespace(id=0)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """Make the backend see ``_FakeCudaArray`` as ``cupy.ndarray`` (restored after the test)."""
+    module = types.ModuleType("cupy")
+    module.ndarray = _FakeCudaArray
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return module
+
+
+def _on_fake_gpu(values):
+    return Tensor._from_op(np.asarray(values, dtype=np.float32).view(_FakeCudaArray), None)
+
+
+def test_cpu_tensor_meeting_a_cuda_tensor_names_the_op_and_both_devices(fake_cupy):
+    a = tensor([1.0, 2.0], requires_grad=True)
+    b = _on_fake_gpu([3.0, 4.0])
+    assert b.device == "cuda"
+    with pytest.raises(RuntimeError) as err:
+        a * b
+    message = str(err.value)
+    assert "Mul" in message and "cpu" in message and "cuda" in message
+
+
+def test_check_same_device_unit(fake_cupy):
+    a, b = tensor([1.0, 2.0]), _on_fake_gpu([3.0, 4.0])
+    with pytest.raises(RuntimeError, match="different devices"):
+        autograd._check_same_device(Mul, (a, b), (a.data, b.data))
+    c = np.ones(2, dtype=np.float32)  # constants are not checked: ops convert them themselves
+    autograd._check_same_device(Mul, (a, 2.0, c), (a.data, 2.0, c))
+    autograd._check_same_device(Mul, (b, b), (b.data, b.data))
+
+
+def test_results_of_full_reductions_stay_usable_on_the_cpu():
+    """NumPy returns scalars (np.float64, not ndarray) from full reductions and 1-D @ 1-D;
+    such results must still combine with other CPU tensors."""
+    xv = np.array([1.0, 2.0, 4.0])
+    x = leaf(xv)
+    y = x / x.sum()  # d/dx_j sum_i g_i x_i / s = g_j / s - (g . x) / s^2
+    g = np.array([1.0, -1.0, 0.5])
+    y.backward(g)
+    s = xv.sum()
+    np.testing.assert_allclose(x.grad, g / s - (g @ xv) / s**2, rtol=1e-12)
+
+    a, b = leaf([1.0, 2.0]), leaf([3.0, -1.0])
+    ((a @ b) * a).sum().backward()  # d/da (a.b) sum(a) = b sum(a) + a.b
+    np.testing.assert_allclose(a.grad, [3.0 * 3 + 1.0, -1.0 * 3 + 1.0])
+    for result in (x.sum(), x.mean(), x.max(), a @ b):  # .data is always an array
+        assert isinstance(result.data, np.ndarray) and result.device == "cpu"
+
+
+@pytest.mark.cuda
+def test_real_cpu_and_cuda_tensors_do_not_mix():
+    a = tensor([1.0, 2.0], requires_grad=True)
+    b = tensor([1.0, 2.0], device="cuda")
+    with pytest.raises(RuntimeError) as err:
+        a + b
+    assert "Add" in str(err.value) and "cuda" in str(err.value) and "cpu" in str(err.value)
+
+
+@pytest.mark.skipif(tinymlp.cuda_available(), reason="CUDA is available here")
+def test_asking_for_cuda_without_cupy_says_how_to_install_it():
+    with pytest.raises(tinymlp.CudaUnavailableError) as err:
+        tinymlp.tensor([1.0], device="cuda")
+    assert 'pip install "tinymlp[cuda12]"' in str(err.value)
+    with pytest.raises(tinymlp.CudaUnavailableError):
+        tinymlp.tensor([1.0]).to("cuda")
+    assert issubclass(tinymlp.CudaUnavailableError, RuntimeError)
+
+
+def test_unknown_device_name_is_rejected():
+    with pytest.raises(ValueError, match="unknown device"):
+        tinymlp.tensor([1.0], device="tpu")
+
+
+# ------------------------------------------------------------------ user errors
+@pytest.mark.parametrize("values", [[1, 2], [True, False], np.arange(3, dtype=np.int32)])
+def test_integer_or_bool_tensor_cannot_require_grad(values):
+    with pytest.raises(TypeError, match="floating-point"):
+        tensor(values, requires_grad=True)
+    with pytest.raises(TypeError, match="floating-point"):
+        tensor(values).requires_grad_()
+
+
+def test_backward_on_a_non_scalar_needs_a_gradient():
+    x = leaf(np.ones((2, 3)))
+    y = x * 2.0
+    with pytest.raises(RuntimeError, match=r"\(2, 3\)"):
+        y.backward()
+    with pytest.raises(RuntimeError, match="shape"):
+        y.backward(np.ones(3))
+    y.backward(np.ones((2, 3)))
+    np.testing.assert_array_equal(x.grad, np.full((2, 3), 2.0))
+
+
+def test_backward_on_a_one_element_non_0d_tensor_is_allowed():
+    x = leaf([[3.0]])
+    (x * x).backward()
+    np.testing.assert_array_equal(x.grad, [[6.0]])
+
+
+class SumRowsBadShape(Function):
+    """A planted bug: backward forgets to broadcast the gradient back over axis 0."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sum(axis=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def test_backward_of_wrong_shape_names_the_function_and_both_shapes():
+    x = leaf(np.ones((2, 3)))
+    with pytest.raises(RuntimeError) as err:
+        SumRowsBadShape.apply(x).sum().backward()
+    message = str(err.value)
+    assert "SumRowsBadShape" in message and "(3,)" in message and "(2, 3)" in message
+
+
+class DoubleUpcast(Function):
+    """A planted bug: backward multiplies by a float64 array, upcasting a float32 gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * np.full(grad.shape, 2.0)
+
+
+def test_backward_returning_float64_for_float32_input_raises():
+    x = tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError) as err:
+        DoubleUpcast.apply(x).sum().backward()
+    message = str(err.value)
+    assert "DoubleUpcast" in message and "float64" in message and "float32" in message
+
+
+# ------------------------------------------------------------------ Functions written by students
+class Cube(Function):
+    """out = x^3;  dL/dx = 3 x^2 g."""
+
+    calls = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        Cube.calls.append(ctx.needs_input_grad)
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad
+
+
+class ScaledProduct(Function):
+    """out = scale * a * b;  dL/da = scale * b g,  dL/db = scale * a g  (only those asked for)."""
+
+    asked = []
+
+    @staticmethod
+    def forward(ctx, a, b, scale=1.0):
+        ctx.save_for_backward(a, b)
+        ctx.scale = scale
+        return scale * a * b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        ScaledProduct.asked.append((need_a, need_b))
+        return (
+            ctx.scale * b * grad if need_a else None,
+            ctx.scale * a * grad if need_b else None,
+        )
+
+
+def test_student_function_forward_and_backward():
+    Cube.calls.clear()
+    x = leaf([1.0, -2.0])
+    y = Cube.apply(x)
+    assert isinstance(y, Tensor) and y.requires_grad
+    np.testing.assert_array_equal(y.data, [1.0, -8.0])
+    y.backward(np.array([1.0, 0.5]))
+    np.testing.assert_array_equal(x.grad, [3.0, 6.0])
+    assert Cube.calls == [(True,)]
+
+
+def test_needs_input_grad_marks_constants_and_keyword_options_pass_through():
+    ScaledProduct.asked.clear()
+    a = leaf([1.0, 2.0])
+    b = tensor([3.0, 4.0], dtype="float64")  # a constant tensor
+    ScaledProduct.apply(a, b, scale=2.0).sum().backward()
+    assert ScaledProduct.asked == [(True, False)]
+    np.testing.assert_array_equal(a.grad, [6.0, 8.0])
+    assert b.grad is None
+
+    ScaledProduct.apply(np.array([1.0, 1.0]), a).sum().backward()  # an array constant first
+    assert ScaledProduct.asked[-1] == (False, True)
+    np.testing.assert_array_equal(a.grad, [7.0, 9.0])
+
+
+def test_function_on_constants_only_records_nothing():
+    Cube.calls.clear()
+    y = Cube.apply(tensor([2.0]))
+    assert not y.requires_grad and y._ctx is None
+    np.testing.assert_array_equal(y.data, [8.0])
+    assert Cube.calls == []
+
+
+# ------------------------------------------------------------------ small Tensor API of the engine
+def test_detach_shares_data_and_stops_the_gradient():
+    x = leaf([2.0, 3.0])
+    d = x.detach()
+    assert d.data is x.data and not d.requires_grad and d._ctx is None
+    (d * x).sum().backward()  # d is a constant: the gradient is x, not 2x
+    np.testing.assert_array_equal(x.grad, [2.0, 3.0])
+
+
+def test_item_numpy_to_and_zero_grad():
+    x = tensor([[2.5]], requires_grad=True)
+    assert x.item() == 2.5 and isinstance(x.item(), float)
+    with pytest.raises(ValueError, match="one element"):
+        tensor([1.0, 2.0]).item()
+    arr = x.numpy()
+    assert isinstance(arr, np.ndarray) and np.shares_memory(arr, x.data)
+    assert x.to("cpu") is x and x.to(device="cpu", dtype="float32") is x
+    x.sum().backward()
+    assert x.grad is not None
+    x.zero_grad()
+    assert x.grad is None
+
+
+def test_to_dtype_is_differentiable():
+    x = tensor([1.0, 2.0], requires_grad=True)
+    y = x.to(dtype="float64")
+    assert y.dtype == np.float64 and y.requires_grad
+    (y * y).sum().backward()
+    assert x.grad.dtype == np.float32
+    np.testing.assert_array_equal(x.grad, [2.0, 4.0])
+
+
+# ------------------------------------------------------------------ dtypes
+@pytest.mark.parametrize(
+    "data", [1.5, [1.0, 2.0], np.ones(3), np.ones(3, dtype=np.float16), np.float64(2.0)],
+)
+def test_floats_become_float32_by_default(data):
+    assert tensor(data).dtype == np.float32
+    assert Tensor(data).dtype == np.float32
+
+
+def test_explicit_dtype_is_kept_and_integers_keep_their_type():
+    x = tensor(np.ones(3), dtype="float64")
+    assert x.dtype == np.float64
+    assert (x * 2.0 + 1).exp().dtype == np.float64
+    assert tensor([1, 2]).dtype == np.int64
+    assert tensor(np.arange(3, dtype=np.int32)).dtype == np.int32
+    assert tensor([True]).dtype == np.bool_
+    assert tensor([1, 2], dtype="float32").dtype == np.float32
+
+
+CONSTANTS = {
+    "python float": 2.0,
+    "python int": 3,
+    "numpy float64 scalar": np.float64(2.0),
+    "numpy float64 0-d array": np.array(2.0),
+    "numpy float64 array": np.array([2.0, 3.0, 0.5]),
+    "numpy int array": np.array([1, 2, 3]),
+}
+BINARY = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "**": lambda a, b: a**b,
+}
+
+
+@pytest.mark.parametrize("op", BINARY.values(), ids=BINARY.keys())
+@pytest.mark.parametrize("const", CONSTANTS.values(), ids=CONSTANTS.keys())
+@pytest.mark.parametrize("tensor_first", [True, False], ids=["x op c", "c op x"])
+def test_constants_do_not_upcast_float32(op, const, tensor_first):
+    x = tensor([0.5, 1.5, 2.0], requires_grad=True)
+    y = op(x, const) if tensor_first else op(const, x)
+    assert isinstance(y, Tensor)
+    assert y.dtype == np.float32
+    y.sum().backward()  # the engine refuses a float64 gradient for x
+    assert x.grad.dtype == np.float32
+
+
+def test_float32_matmul_with_a_float64_array_stays_float32():
+    x = tensor(np.ones((2, 3)), requires_grad=True)
+    w = np.ones((3, 4))
+    assert (x @ w).dtype == np.float32 and (w.T @ x.T).dtype == np.float32
