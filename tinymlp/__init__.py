@@ -16,5 +16,5 @@ from .ops import (
 __version__ = "0.1.0"
 
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck, numerical_grad
-from . import functional, nn
+from . import checkpoint, functional, nn, optim
 from . import functional as F
