@@ -39,6 +39,7 @@ import numpy as np
 from ..autograd import Function
 from ..backend import array_module
 from ..tensor import Tensor
+from . import cuda_kernels
 
 __all__ = ["SpatialGating", "Toeplitz1d", "Toeplitz2d", "spatial_gating", "toeplitz_1d", "toeplitz_2d"]
 
@@ -69,6 +70,9 @@ def _row_dot(a, b):
 def _ln_forward(x, eps):
     """x_hat = (x - mean) * rstd over the last axis; returns (x_hat, rstd[..., None])."""
     xp = array_module(x)
+    if _use_cuda_kernels(x):  # one kernel per row, reading a strided half of z in place
+        xhat, rstd = cuda_kernels.layer_norm_normalize(x, eps)
+        return xhat, rstd[..., None]
     e = x.shape[-1]
     mean = _sum_last(x)
     mean /= e
@@ -92,6 +96,8 @@ def _ln_backward(gn, xhat, rstd, gamma, out=None):
     Returns (dL/dx, dL/dgamma, dL/dbeta); dL/dx is written into ``out`` when given (a view
     of a larger gradient, for instance), the only non-contiguous write.
     """
+    if _use_cuda_kernels(gn, xhat, rstd, gamma):  # one kernel per row (+ two column sums)
+        return cuda_kernels.layer_norm_backward(gn, xhat, rstd[..., 0], gamma, out=out)
     xp = array_module(gn)
     e = xhat.shape[-1]
     gx = gn * xhat
@@ -142,6 +148,10 @@ class SpatialGating(Function):
 
     Saved: z, W_eff, gamma, beta, x_hat, rstd and F (when the variant needs it); N is rebuilt
     from x_hat in backward (one pass) into a buffer that then receives G_N.
+
+    On CUDA the LayerNorm runs as one kernel per row, and for the split variant F and z1 * F
+    (forward) and G * F, G * z1 (backward) are one fused pass each (``cuda_kernels``, tested
+    against this code).
     """
 
     @staticmethod
@@ -158,19 +168,23 @@ class SpatialGating(Function):
 
         xhat, rstd = _ln_forward(u, eps)
         f = w_eff @ xhat                       # (S, S) @ (B, S, e): W_eff applied to every sample
-        f *= gamma
-        f += _sum_last(w_eff)[:, None] * beta + bias[:, None]
-        if gate_residual is not None:
-            f += gate_residual.astype(dt, copy=False)
-
-        if variant == "split":
-            out = z[..., :e] * f
-        elif variant == "multiplicative":
-            out = z * f
-        elif variant == "additive":
-            out = z + f
-        else:  # linear
-            out = f
+        shift = _sum_last(w_eff)[:, None] * beta + bias[:, None]     # (S, e), shared by the batch
+        residual = gate_residual.astype(dt, copy=False) if gate_residual is not None else None
+        if variant == "split" and _use_cuda_kernels(z):   # F and z1 * F in one pass on CUDA
+            out = cuda_kernels.sgu_gate_forward(f, gamma, shift, z[..., :e], residual)
+        else:
+            f *= gamma
+            f += shift
+            if residual is not None:
+                f += residual
+            if variant == "split":
+                out = z[..., :e] * f
+            elif variant == "multiplicative":
+                out = z * f
+            elif variant == "additive":
+                out = z + f
+            else:  # linear
+                out = f
         ctx.variant, ctx.causal, ctx.e = variant, causal, e
         ctx.save_for_backward(z, w_eff, gamma, beta, xhat, rstd,
                               f if variant in ("split", "multiplicative") else None)
@@ -185,7 +199,9 @@ class SpatialGating(Function):
 
         # dL/dF, and the direct term of the outer product (written straight into dL/dz)
         dz = xp.empty_like(z) if need_z else None
-        if variant == "split":
+        if variant == "split" and need_z and _use_cuda_kernels(g, z):   # both products in one pass
+            _, gf = cuda_kernels.sgu_gate_backward(g, f, z[..., :e], dz1=dz[..., :e])
+        elif variant == "split":
             gf = g * z[..., :e]
             if need_z:
                 xp.multiply(g, f, out=dz[..., :e])
@@ -221,6 +237,11 @@ class SpatialGating(Function):
 
         grads = (dz, dw, db, dgamma, dbeta, da)
         return tuple(_like(gr, inp) for gr, inp in zip(grads, ctx.inputs))
+
+
+def _use_cuda_kernels(*arrays):
+    """CuPy arrays of one float dtype: the fused kernels of ``cuda_kernels`` apply."""
+    return array_module(arrays[0]).__name__ == "cupy" and cuda_kernels.supported(*arrays)
 
 
 def _like(grad, inp):

@@ -1,0 +1,426 @@
+"""Fused CUDA kernels (CuPy) for the ops whose array-at-a-time code launches many small kernels.
+
+On the GPU every NumPy-style line (``t = x * x``, ``t += 1``, ``tanh(t, out=t)``, ...) is one
+kernel launch and one trip of the whole array through GPU memory. The ops below are memory
+bound, so a kernel that reads each input once and writes each output once is several times
+faster than the same formula written with arrays. Each function here is an *optimisation* of
+the generic ``xp`` code in ``tinymlp/ops/*.py``, which stays the readable reference: the math,
+its derivation and the CPU path live there, and ``tests/test_cuda.py`` checks every kernel
+against that reference (float32 and float64, odd widths, one row, one token).
+
+    op (file)                          function here                   CuPy mechanism
+    ---------------------------------  ------------------------------  ---------------------------
+    GELU, tanh form (activation.py)    gelu_tanh_forward(x)            ElementwiseKernel: y and
+                                         -> (y, dydx)                    dy/dx from one tanh
+    GELU backward                      gelu_backward(g, dydx)          none needed: g * dydx is one
+                                                                         CuPy multiply (one kernel)
+    LayerNorm forward (norm.py,        layer_norm_forward(x, w, b, eps) RawKernel, one thread block
+      and the SGU's LN in gating.py)     -> (y, xhat, rstd)              per row: mean, variance and
+                                       layer_norm_normalize(x, eps)      the output in one launch
+                                         -> (xhat, rstd)
+    LayerNorm backward                 layer_norm_backward(g, xhat,     RawKernel per row (dx) +
+                                         rstd, w) -> (dx, dw, db)        ReductionKernel (dw) + sum (db)
+    softmax backward (attention.py:    softmax_backward(p, g)           RawKernel, one block per row:
+      Softmax and Attention)             -> p * (g - rowsum(g * p))      the dot and the update
+    SGU gate, split variant            sgu_gate_forward(f, gamma,       ElementwiseKernel: F and the
+      (gating.py)                        shift, z1, a) -> out            gated output in one pass
+                                       sgu_gate_backward(g, f, z1)      ElementwiseKernel: dz1 and
+                                         -> (dz1, gF)                    gF in one pass
+
+Matrix products are not here: they go to cuBLAS through ``xp.matmul`` in the ops themselves.
+
+Conventions. Every function takes and returns CuPy arrays of one dtype, float32 or float64
+(``supported(x)`` says whether an array qualifies); nothing is cast. Rows are the last axis:
+"row-wise" kernels treat an array (..., D) as rows of width D. CuPy is imported on first use
+(``_cupy()``), never when this module is imported, and every kernel is compiled once per dtype
+and cached (CuPy also keeps the binaries in ``~/.cupy/kernel_cache``).
+
+The row kernels (one thread block per row) use a block of 32..256 threads, a multiple of the
+warp size: each thread strides over the row, then ``block_sum`` adds the per-thread partial
+sums with warp shuffles and one shared-memory exchange. A row narrower than the block simply
+leaves threads idle (width 1 is one active thread), so any width is correct.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+
+__all__ = [
+    "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
+    "layer_norm_normalize", "sgu_gate_backward", "sgu_gate_forward", "softmax_backward", "supported",
+]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_C0 = math.sqrt(2.0 / math.pi)
+_C1 = 0.044715
+_MAX_BLOCK = 256
+
+
+@functools.cache
+def _cupy():
+    import cupy  # deliberately lazy: this module must import without CuPy
+
+    return cupy
+
+
+def supported(*arrays) -> bool:
+    """True when every array is float32 or float64 and all share one dtype (what the kernels take)."""
+    dtypes = {np.dtype(a.dtype) for a in arrays if a is not None}
+    return len(dtypes) == 1 and dtypes.pop() in _FLOATS
+
+
+def _check(name, *arrays):
+    if not supported(*arrays):
+        raise TypeError(f"{name}: the CUDA kernel takes float32 or float64 arrays of one dtype, got "
+                        + ", ".join(str(a.dtype) for a in arrays if a is not None))
+
+
+# ============================================================================ GELU
+# y = x h, h = (1 + t)/2, t = tanh(c0 (x + c1 x^3));  dy/dx = h + y (1 - t) c0 (1 + 3 c1 x^2)
+# (the derivation is in activation.py). Constants are cast to T, so float32 stays float32.
+_GELU_BODY = f"""
+    const T x2 = x * x;
+    const T t = tanh(T({_C0!r}) * (x + T({_C1!r}) * x2 * x));
+    const T h = T(0.5) * (T(1) + t);
+    y = x * h;
+"""
+_GELU_DERIVATIVE = f"""
+    dydx = h + y * (T(1) - t) * (T({_C0!r}) + T({3 * _C0 * _C1!r}) * x2);
+"""
+
+
+@functools.cache
+def _gelu_kernel(with_derivative):
+    cp = _cupy()
+    if with_derivative:
+        return cp.ElementwiseKernel("T x", "T y, T dydx", _GELU_BODY + _GELU_DERIVATIVE, "tinymlp_gelu_tanh_grad")
+    return cp.ElementwiseKernel("T x", "T y", _GELU_BODY, "tinymlp_gelu_tanh")
+
+
+def gelu_tanh_forward(x, want_derivative=True):
+    """GELU (tanh form) of ``x`` and its derivative, both from one tanh: ``(y, dydx)``.
+
+    With ``want_derivative=False`` (no gradient needed) only y is computed: ``(y, None)``.
+    """
+    _check("gelu_tanh_forward", x)
+    if want_derivative:
+        y, dydx = _gelu_kernel(True)(x)
+        return y, dydx
+    return _gelu_kernel(False)(x), None
+
+
+def gelu_backward(g, dydx):
+    """dL/dx = g * dy/dx: a single elementwise multiply, already one kernel; no custom code needed."""
+    return g * dydx
+
+
+# ============================================================================ row kernels
+# One CUDA source, compiled once per dtype (T is a typedef). ``row`` indexes blockIdx.x.
+_ROW_SOURCE = r"""
+typedef %(ctype)s T;
+
+// sqrt for either T, without relying on C++ overloads of the math functions.
+__device__ __forceinline__ float sqrt_t(float v) { return sqrtf(v); }
+__device__ __forceinline__ double sqrt_t(double v) { return sqrt(v); }
+
+// The sum of v over the thread block, returned to every thread. blockDim.x must be a multiple
+// of 32 (every lane of every warp takes part in the shuffles) and at most 1024.
+// shared[0..31] holds one partial sum per warp, shared[32] the total. Two barriers make the
+// function safe to call again at once: a later call writes shared[] only after all threads
+// have passed its first barrier, hence after they have read shared[32] here.
+__device__ __forceinline__ T block_sum(T v, T* shared) {
+    const unsigned int full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(full, v, offset);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = (lane < (int)(blockDim.x >> 5)) ? shared[lane] : T(0);
+        for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(full, v, offset);
+        if (lane == 0) shared[32] = v;
+    }
+    __syncthreads();
+    return shared[32];
+}
+
+// LayerNorm forward of one row per block. x rows start every x_stride elements (a strided
+// view such as z[..., e:] is read in place); xhat, y are contiguous (rows, width).
+// xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps); y = xhat * weight + bias if affine.
+extern "C" __global__ void layer_norm_forward(
+        const T* x, const long long x_stride, const T* weight, const T* bias,
+        T* y, T* xhat, T* rstd, const int width, const T eps, const int affine) {
+    __shared__ T shared[33];
+    const long long row = blockIdx.x;
+    const T* xr = x + row * x_stride;
+    T s = 0;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) s += xr[j];
+    const T mean = block_sum(s, shared) / T(width);
+    T ss = 0;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        const T c = xr[j] - mean;
+        ss += c * c;
+    }
+    const T r = T(1) / sqrt_t(block_sum(ss, shared) / T(width) + eps);
+    T* hr = xhat + row * width;
+    T* yr = y + row * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        const T h = (xr[j] - mean) * r;
+        hr[j] = h;
+        if (affine) yr[j] = h * weight[j] + bias[j];
+    }
+    if (threadIdx.x == 0) rstd[row] = r;
+}
+
+// LayerNorm backward (dx only) of one row per block; g, xhat contiguous (rows, width), dx rows
+// every dx_stride elements. With gw = g * weight:
+//   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
+// Each thread reads g[j], xhat[j] before writing dx[j] of the same j, so dx may alias g.
+extern "C" __global__ void layer_norm_backward(
+        const T* g, const T* xhat, const T* rstd, const T* weight,
+        T* dx, const long long dx_stride, const int width) {
+    __shared__ T shared[33];
+    const long long row = blockIdx.x;
+    const T* gr = g + row * width;
+    const T* hr = xhat + row * width;
+    T a = 0, b = 0;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        const T gw = gr[j] * weight[j];
+        a += gw;
+        b += gw * hr[j];
+    }
+    const T mean_g = block_sum(a, shared) / T(width);
+    const T mean_gx = block_sum(b, shared) / T(width);
+    const T r = rstd[row];
+    T* dr = dx + row * dx_stride;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        dr[j] = r * (gr[j] * weight[j] - mean_g - hr[j] * mean_gx);
+    }
+}
+
+// Softmax backward of one row per block, all contiguous (rows, width):
+//   dx = p * (g - sum_j g_j p_j).   dx may alias g (same-index read before write).
+extern "C" __global__ void softmax_backward(
+        const T* p, const T* g, T* dx, const int width) {
+    __shared__ T shared[33];
+    const long long row = blockIdx.x;
+    const T* pr = p + row * width;
+    const T* gr = g + row * width;
+    T s = 0;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) s += gr[j] * pr[j];
+    const T dot = block_sum(s, shared);
+    T* dr = dx + row * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) dr[j] = pr[j] * (gr[j] - dot);
+}
+"""
+
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+@functools.cache
+def _row_module(dtype):
+    """The row kernels compiled for ``dtype`` (np.dtype of float32 or float64)."""
+    return _cupy().RawModule(code=_ROW_SOURCE % {"ctype": _CTYPES[dtype]})
+
+
+@functools.cache
+def _row_kernel_cached(name, dtype):
+    return _row_module(dtype).get_function(name)
+
+
+def _row_kernel(name, dtype):
+    """The compiled row kernel ``name`` for ``dtype``."""
+    return _row_kernel_cached(name, np.dtype(dtype))
+
+
+def _block(width):
+    """Threads per block for rows of ``width``: a multiple of 32, from 32 to _MAX_BLOCK."""
+    return min(_MAX_BLOCK, 32 * max(1, -(-width // 32)))
+
+
+def _rows(x):
+    """(number of rows, elements between row starts) of ``x`` (..., D) read as rows of its last
+    axis, or None when the rows are not evenly spaced with unit stride inside a row."""
+    item = x.itemsize
+    d = x.shape[-1]
+    n = x.size // d if d else 0
+    if d > 1 and x.strides[-1] != item:
+        return None
+    if n <= 1:
+        return n, d
+    lead = [(s, st) for s, st in zip(x.shape[:-1], x.strides[:-1]) if s != 1]
+    step = lead[-1][1]
+    for (s_outer, st_outer), (s_inner, st_inner) in itertools.pairwise(lead):
+        if st_outer != st_inner * s_inner:
+            return None
+    if step % item or step < d * item:
+        return None
+    return n, step // item
+
+
+def _contiguous_rows(x):
+    """x itself if its rows are C-contiguous, else a C-contiguous copy."""
+    return x if x.flags.c_contiguous else _cupy().ascontiguousarray(x)
+
+
+def layer_norm_forward(x, weight, bias, eps):
+    """LayerNorm over the last axis of ``x`` (..., D): ``(y, xhat, rstd)``.
+
+    y = xhat * weight + bias with xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps), as in
+    norm.py. ``weight`` / ``bias`` (D,) may be None (1 and 0). y and xhat have x's shape
+    (contiguous), rstd has shape x.shape[:-1]. x may be a view with evenly spaced rows
+    (e.g. ``z[..., e:]``): it is read in place.
+    """
+    return _layer_norm_forward(x, weight, bias, eps, affine=True)
+
+
+def layer_norm_normalize(x, eps):
+    """The LayerNorm statistics alone: ``(xhat, rstd)`` (what the SGU saves; it never needs y)."""
+    _, xhat, rstd = _layer_norm_forward(x, None, None, eps, affine=False)
+    return xhat, rstd
+
+
+def _layer_norm_forward(x, weight, bias, eps, affine):
+    cp = _cupy()
+    _check("layer_norm_forward", x, weight, bias)
+    d = x.shape[-1]
+    layout = _rows(x)
+    if layout is None:
+        x = _contiguous_rows(x)
+        layout = _rows(x)
+    n, stride = layout
+    xhat = cp.empty(x.shape, dtype=x.dtype)
+    rstd = cp.empty(x.shape[:-1], dtype=x.dtype)
+    y = cp.empty(x.shape, dtype=x.dtype) if affine else xhat  # not written when affine is off
+    if affine:
+        weight = cp.ones(d, dtype=x.dtype) if weight is None else _contiguous_rows(weight)
+        bias = cp.zeros(d, dtype=x.dtype) if bias is None else _contiguous_rows(bias)
+    else:
+        weight = bias = xhat  # never read
+    if n and d:
+        _row_kernel("layer_norm_forward", x.dtype)(
+            (n,), (_block(d),),
+            (x, np.int64(stride), weight, bias, y, xhat, rstd, np.int32(d), x.dtype.type(eps),
+             np.int32(1 if affine else 0)),
+        )
+    return (y if affine else None), xhat, rstd
+
+
+@functools.cache
+def _column_dot_kernel():
+    """out[d] = sum over rows of a[:, d] * b[:, d], with no (rows, D) temporary."""
+    # (a and b are the reduction's own names for the two partial sums being combined)
+    return _cupy().ReductionKernel("T u, T v", "T out", "u * v", "a + b", "out = a", "0",
+                                   "tinymlp_column_dot")
+
+
+def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dweight=True, need_dbias=True):
+    """LayerNorm backward: ``(dx, dweight, dbias)`` from g = dL/dy, the saved xhat and rstd.
+
+    dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) with gw = g * weight (weight None
+    means 1), dweight = sum over rows of g * xhat, dbias = sum over rows of g (see norm.py).
+    ``out``: where to write dx (any array of x's shape with evenly spaced rows, e.g. a slice
+    ``dz[..., e:]`` of a larger gradient); a new array otherwise. A gradient that is not asked
+    for (``need_*`` False) is returned as None and not computed.
+    """
+    cp = _cupy()
+    _check("layer_norm_backward", g, xhat, rstd, weight)
+    d = xhat.shape[-1]
+    g, xhat = _contiguous_rows(g), _contiguous_rows(xhat)
+    g2, h2 = g.reshape(-1, d), xhat.reshape(-1, d)
+    dweight = _column_dot_kernel()(g2, h2, axis=0) if need_dweight else None
+    dbias = g2.sum(axis=0) if need_dbias else None
+    dx = None
+    if need_dx:
+        dx = cp.empty(xhat.shape, dtype=xhat.dtype) if out is None else out
+        layout = _rows(dx)
+        target = dx if layout is not None else cp.empty(xhat.shape, dtype=xhat.dtype)
+        n, stride = _rows(target)
+        w = cp.ones(d, dtype=xhat.dtype) if weight is None else _contiguous_rows(weight)
+        if n and d:
+            _row_kernel("layer_norm_backward", xhat.dtype)(
+                (n,), (_block(d),),
+                (g, xhat, _contiguous_rows(rstd), w, target, np.int64(stride), np.int32(d)),
+            )
+        if target is not dx:  # an out= whose rows are not evenly spaced: copy in
+            dx[...] = target
+    return dx, dweight, dbias
+
+
+def softmax_backward(p, g, out=None):
+    """Softmax backward along the last axis: ``p * (g - rowsum(g * p))`` (p is softmax's output).
+
+    ``out`` may be ``g`` itself (the attention backward updates dL/dP in place).
+    """
+    cp = _cupy()
+    _check("softmax_backward", p, g)
+    d = p.shape[-1]
+    p, g = _contiguous_rows(p), _contiguous_rows(g)
+    if out is None or not out.flags.c_contiguous:
+        dx = cp.empty(p.shape, dtype=p.dtype)
+    else:
+        dx = out
+    n = p.size // d if d else 0
+    if n and d:
+        _row_kernel("softmax_backward", p.dtype)((n,), (_block(d),), (p, g, dx, np.int32(d)))
+    if out is not None and dx is not out:
+        out[...] = dx
+        return out
+    return dx
+
+
+# ============================================================================ SGU gate
+# Split variant of gating.py: F = (W_eff @ xhat) * gamma + shift (+ A),  out = z1 * F, where
+# shift = rowsum(W_eff)[:, None] * beta + bias[:, None] is an (S, e) matrix. Backward:
+# dL/dz1 = G * F and G_F = G * z1. ``f`` is an output parameter that the kernel also reads
+# (CuPy binds output parameters by reference), so F overwrites W_eff @ xhat in place.
+@functools.cache
+def _sgu_forward_kernel(with_residual):
+    cp = _cupy()
+    if with_residual:
+        return cp.ElementwiseKernel("T gamma, T shift, T a, T z1", "T f, T out",
+                                    "f = f * gamma + shift + a; out = z1 * f;", "tinymlp_sgu_gate_residual")
+    return cp.ElementwiseKernel("T gamma, T shift, T z1", "T f, T out",
+                                "f = f * gamma + shift; out = z1 * f;", "tinymlp_sgu_gate")
+
+
+@functools.cache
+def _sgu_backward_kernel():
+    return _cupy().ElementwiseKernel("T g, T f, T z1", "T dz1, T gf", "dz1 = g * f; gf = g * z1;",
+                                     "tinymlp_sgu_gate_backward")
+
+
+def sgu_gate_forward(f, gamma, shift, z1, gate_residual=None):
+    """In one pass: ``f <- f * gamma + shift (+ gate_residual)`` (in place) and ``out = z1 * f``.
+
+    f: (B, S, e) holding W_eff @ xhat on entry and F on return; gamma (e,); shift (S, e);
+    z1 (B, S, e), may be a view (the first half of z); gate_residual (B, S, e) or None.
+    Returns ``out`` (B, S, e), a new array.
+    """
+    cp = _cupy()
+    _check("sgu_gate_forward", f, gamma, shift, z1, gate_residual)
+    out = cp.empty(f.shape, dtype=f.dtype)
+    if gate_residual is None:
+        _sgu_forward_kernel(False)(gamma, shift, z1, f, out)
+    else:
+        _sgu_forward_kernel(True)(gamma, shift, gate_residual, z1, f, out)
+    return out
+
+
+def sgu_gate_backward(g, f, z1, dz1=None):
+    """In one pass: ``dz1 = g * f`` and ``gF = g * z1``; returns ``(dz1, gF)``.
+
+    ``dz1``: where to write dL/dz1 (e.g. the view ``dz[..., :e]`` of the whole gradient); a new
+    array when None.
+    """
+    cp = _cupy()
+    _check("sgu_gate_backward", g, f, z1, dz1)
+    if dz1 is None:
+        dz1 = cp.empty(f.shape, dtype=f.dtype)
+    gf = cp.empty(f.shape, dtype=f.dtype)
+    _sgu_backward_kernel()(g, f, z1, dz1, gf)
+    return dz1, gf
