@@ -17,7 +17,7 @@ class LayerNorm(Function):
       dL/dbeta  = sum over rows of G,   dL/dgamma = sum over rows of G * x_hat.
       For one row, let g = G * gamma = dL/dx_hat. Differentiate x_hat_i = (x_i - mu) r:
           dx_hat_i/dx_j = r (delta_ij - 1/D) + (x_i - mu) dr/dx_j,
-          dr/dx_j = -r^3/2 dvar/dx_j = -r^3 (x_j - mu)/D = -(r/D) x_hat_j,
+          dr/dx_j = -r^3/2 dvar/dx_j = -r^3 (x_j - mu)/D = -(r^2/D) x_hat_j,
       since dvar/dx_j = 2 (x_j - mu)/D (the terms through mu sum to zero). So
           dx_hat_i/dx_j = r (delta_ij - 1/D - x_hat_i x_hat_j / D), and
 

@@ -1,0 +1,365 @@
+# Source of lessons/05_softmax_attention.ipynb (build it with: python tools/make_lessons.py)
+
+# %% [markdown]
+# # Lesson 5: Softmax, attention, positions and patches
+#
+# Self-attention lets every token look at every other token and take a weighted average of
+# what it finds there; the weights come from a softmax. This lesson builds the pieces a
+# Vision Transformer (ViT) is made of, and that the MLP models of the next lessons replace
+# or borrow: softmax and its Jacobian, scaled dot-product attention with masks, sinusoidal
+# position encodings, and the cutting of an image into patch tokens.
+#
+# **In this lesson**
+#
+# 1. softmax: stability and its Jacobian $\operatorname{diag}(p) - pp^\top$, checked numerically;
+# 2. scaled dot-product attention, why $\sqrt d$, masks (causal, padding), attention maps;
+# 3. sinusoidal position encodings: the encoding at $t + \phi$ is a rotation of the one at $t$;
+# 4. an image as a sequence of patch tokens, as ViT (and Mixer, and gMLP) see it.
+#
+# **In tinymlp:** `tinymlp/ops/attention.py` (`softmax`, `attention`, each with its fused
+# backward), `tinymlp/models/vit.py` (`sinusoidal_embedding`, the ViT), `tinymlp/nn/layers.py`
+# (`PatchEmbedding`), `tinymlp/nn/attention.py` (single- and multi-head attention layers).
+
+# %%
+import math
+
+import numpy as np
+import matplotlib.pyplot as plt
+
+import tinymlp
+from tinymlp import F, gradcheck, nn, no_grad, tensor
+from tinymlp.data import SyntheticImages
+from tinymlp.models import sinusoidal_embedding
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. Softmax
+#
+# $$p_i = \operatorname{softmax}(x)_i = \frac{e^{x_i}}{\sum_k e^{x_k}} .$$
+#
+# Adding a constant $c$ to every $x_i$ multiplies numerator and denominator by $e^c$: the
+# result does not change. Implementations use this to subtract $\max_k x_k$ first, so the
+# largest exponent is $e^0 = 1$ and nothing overflows:
+
+# %%
+logits = np.array([1000.0, 1001.0, 1002.0])
+with np.errstate(over="ignore", invalid="ignore"):
+    naive = np.exp(logits) / np.exp(logits).sum()
+print("naive    :", naive)
+print("F.softmax:", F.softmax(tensor(logits, dtype="float64")).numpy())
+assert np.allclose(F.softmax(tensor(logits, dtype="float64")).numpy(), F.softmax(tensor(logits - 1000, dtype="float64")).numpy())
+
+# %% [markdown]
+# ### The Jacobian
+#
+# With $Z = \sum_k e^{x_k}$, the quotient rule gives, for $i = j$ and $i \ne j$ at once,
+#
+# $$\frac{\partial p_i}{\partial x_j} = \frac{\delta_{ij}\,e^{x_i}\,Z - e^{x_i}\,e^{x_j}}{Z^2}
+#   = p_i\,(\delta_{ij} - p_j),
+# \qquad J = \operatorname{diag}(p) - p\,p^\top .$$
+#
+# $J$ is symmetric, and $J\mathbf 1 = p - p\,(p^\top\mathbf 1) = 0$: shifting all logits
+# together changes nothing (the invariance above). Backward never builds $J$; it needs
+# $J^\top g$ for an incoming gradient $g$:
+#
+# $$\frac{\partial\mathcal L}{\partial x} = J^\top g = p \odot g - p\,(p^\top g)
+#   = p \odot \bigl(g - \langle g, p\rangle\bigr),$$
+#
+# one dot product per row. Check $J$ against finite differences, then the library's backward
+# against $J^\top g$:
+
+# %%
+x = rng.normal(size=5)
+
+
+def softmax_np(v):
+    e = np.exp(v - v.max())
+    return e / e.sum()
+
+
+p = softmax_np(x)
+J = np.diag(p) - np.outer(p, p)
+h = 1e-6
+J_numeric = np.stack([(softmax_np(x + h * e) - softmax_np(x - h * e)) / (2 * h) for e in np.eye(5)], axis=1)
+print("max |J - finite differences| =", np.abs(J - J_numeric).max())
+assert np.allclose(J, J_numeric, atol=1e-9)
+assert np.allclose(J, J.T) and np.allclose(J @ np.ones(5), 0)
+
+g = rng.normal(size=5)
+xt = tensor(x, requires_grad=True, dtype="float64")
+F.softmax(xt).backward(g)
+assert np.allclose(xt.grad, J.T @ g) and np.allclose(xt.grad, p * (g - g @ p))
+print("F.softmax backward == J^T g == p * (g - <g, p>)")
+print(gradcheck(F.softmax, (tensor(rng.normal(size=(3, 6)), requires_grad=True, dtype="float64"),)).summary())
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+axes[0].bar(range(5), p)
+axes[0].set_title("p = softmax(x)")
+for ax, M, title in [(axes[1], J, "J = diag(p) - p p^T"), (axes[2], J_numeric, "finite differences")]:
+    im = ax.imshow(M, cmap="RdBu_r", vmin=-0.25, vmax=0.25)
+    ax.set_title(title)
+    ax.set_xlabel("j (logit)")
+axes[1].set_ylabel("i (probability)")
+fig.colorbar(im, ax=axes[1:], shrink=0.8)
+plt.show()
+
+# %% [markdown]
+# ## 2. Scaled dot-product attention
+#
+# Queries $Q$ $(n, d)$, keys $K$ $(m, d)$, values $V$ $(m, d_v)$:
+#
+# $$S = \frac{Q K^\top}{\sqrt d}, \qquad P = \operatorname{softmax}_\text{row}(S), \qquad O = P\,V .$$
+#
+# Row $i$ of $P$ is a probability distribution over the keys: how much query $i$ takes from
+# each value. `F.attention(q, k, v)` computes $O$ over the last two axes (all leading axes are
+# batch or head axes) with one fused backward pass.
+
+# %%
+n, m, d, dv = 4, 6, 8, 3
+Q, K, V = rng.normal(size=(n, d)), rng.normal(size=(m, d)), rng.normal(size=(m, dv))
+S = Q @ K.T / math.sqrt(d)
+P = np.apply_along_axis(softmax_np, 1, S)
+O = P @ V
+O_lib = F.attention(*(tensor(a, dtype="float64") for a in (Q, K, V))).numpy()
+assert np.allclose(O, O_lib)
+print("F.attention == softmax(Q K^T / sqrt(d)) V")
+
+# %% [markdown]
+# **Why divide by $\sqrt d$?** If the entries of $q$ and $k$ are independent with variance 1,
+# $q\cdot k = \sum_{c=1}^d q_c k_c$ is a sum of $d$ terms of variance 1: its standard
+# deviation is $\sqrt d$. Unscaled, wider heads produce larger logits, the softmax saturates
+# to a one-hot row, and its Jacobian $\operatorname{diag}(p) - pp^\top$ goes to zero: no
+# gradient reaches $Q$ and $K$. Dividing by $\sqrt d$ keeps the logits at standard deviation 1
+# whatever the width.
+
+# %%
+widths = [4, 16, 64, 256, 1024]
+stats = {"unscaled": [], "scaled by 1/sqrt(d)": []}
+for dd in widths:
+    q, k = rng.normal(size=(64, dd)), rng.normal(size=(64, dd))
+    for name, scale in [("unscaled", 1.0), ("scaled by 1/sqrt(d)", 1 / math.sqrt(dd))]:
+        Pd = np.apply_along_axis(softmax_np, 1, q @ k.T * scale)
+        stats[name].append(Pd.max(axis=1).mean())
+fig, ax = plt.subplots(figsize=(6, 3.5))
+for name, values in stats.items():
+    ax.semilogx(widths, values, "o-", label=name)
+ax.set_xlabel("head width d")
+ax.set_ylabel("mean of the largest weight per row")
+ax.set_title("Softmax saturation, 64 keys (uniform would be 1/64)")
+ax.legend()
+plt.show()
+assert stats["unscaled"][-1] > 0.9 and stats["scaled by 1/sqrt(d)"][-1] < 0.5
+
+# %% [markdown]
+# ### Masks and attention maps
+#
+# A mask says which keys each query may see (`True` = allowed); forbidden scores are set to a
+# very negative number before the softmax, so their weights are 0. Two common ones:
+#
+# - **causal**: query $i$ sees keys $j \le i$ (a language model must not read the future);
+# - **padding**: in a batch of sequences of different lengths, nobody attends to the padding.
+#
+# To *see* $P$, a small trick: with $V = I$ (the identity, $m \times m$), the output
+# $O = P\,I$ **is** the attention map. Our example: 12 tokens where token $i + 6$ is a copy of
+# token $i$; with $q = k = $ the tokens, each query attends to itself and to its twin.
+
+# %%
+T = 12
+base = rng.normal(size=(T // 2, 16))
+tokens = np.concatenate([base, base]) * 1.5         # token i+6 repeats token i
+tok = tensor(tokens, dtype="float64")
+eye = tensor(np.eye(T), dtype="float64")
+lengths_mask = np.arange(T) < 9                      # only the first 9 keys are real, 3 are padding
+
+maps = {
+    "no mask": F.attention(tok, tok, eye).numpy(),
+    "causal=True": F.attention(tok, tok, eye, causal=True).numpy(),
+    "padding mask (keys 9-11 masked)": F.attention(tok, tok, eye, mask=lengths_mask[None, :]).numpy(),
+}
+fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+for ax, (title, Pm) in zip(axes, maps.items()):
+    ax.imshow(Pm, cmap="viridis", vmin=0, vmax=1)
+    ax.set_title(title)
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+plt.show()
+
+for Pm in maps.values():
+    assert np.allclose(Pm.sum(axis=1), 1)
+assert np.allclose(np.triu(maps["causal=True"], k=1), 0)          # nothing above the diagonal
+assert np.allclose(maps["padding mask (keys 9-11 masked)"][:, 9:], 0)
+
+# %% [markdown]
+# Causality is a property we can test from the outside: changing the *later* tokens must not
+# change the outputs at *earlier* positions.
+
+# %%
+x1 = rng.normal(size=(T, 8))
+x2 = x1.copy()
+x2[7:] = rng.normal(size=(T - 7, 8))                 # rewrite the future from position 7 on
+o1 = F.attention(*[tensor(x1, dtype="float64")] * 3, causal=True).numpy()
+o2 = F.attention(*[tensor(x2, dtype="float64")] * 3, causal=True).numpy()
+assert np.allclose(o1[:7], o2[:7]) and not np.allclose(o1[7:], o2[7:])
+print("positions 0-6 unchanged by rewriting positions 7-11")
+
+q, k, v = (tensor(rng.normal(size=(2, 5, 4)), requires_grad=True, dtype="float64") for _ in range(3))
+print(gradcheck(F.attention, (q, k, v), kwargs={"causal": True}).summary())
+
+# %% [markdown]
+# ## 3. Sinusoidal position encodings
+#
+# Attention treats its input as a *set*: permute the tokens and the outputs are permuted the
+# same way. To tell positions apart, the Transformer adds to token $t$ a vector $p_t$:
+#
+# $$p_t(2i) = \sin(\omega_i t), \qquad p_t(2i+1) = \cos(\omega_i t), \qquad
+#   \omega_i = 10000^{-2i/d}, \quad i = 0, \dots, d/2 - 1 .$$
+#
+# Each pair of channels is a clock hand turning at its own speed, from one radian per position
+# ($i = 0$) down to a full turn every $2\pi\cdot 10^4$ positions. Unlike a raw position number,
+# every entry stays in $[-1, 1]$ however long the sequence.
+
+# %%
+d_model, positions = 128, 50
+PE = sinusoidal_embedding(positions, d_model)        # tinymlp's table, (positions, d)
+
+omega = 10000.0 ** (-np.arange(0, d_model, 2) / d_model)
+t_idx = np.arange(positions)[:, None]
+assert np.allclose(PE[:, 0::2], np.sin(t_idx * omega)) and np.allclose(PE[:, 1::2], np.cos(t_idx * omega))
+
+fig, ax = plt.subplots(figsize=(9, 3.5))
+im = ax.imshow(PE, aspect="auto", cmap="RdBu_r")
+ax.set_xlabel("channel k")
+ax.set_ylabel("position t")
+ax.set_title("Sinusoidal position encodings, d = 128, 50 positions")
+fig.colorbar(im)
+plt.show()
+
+# %% [markdown]
+# ### The encoding at $t + \phi$ is a rotation of the encoding at $t$
+#
+# By the angle-addition formulas, for each frequency $\omega_i$:
+#
+# $$\begin{bmatrix}\sin\omega_i(t+\phi)\\ \cos\omega_i(t+\phi)\end{bmatrix}
+#   = \begin{bmatrix}\cos\omega_i\phi & \sin\omega_i\phi\\ -\sin\omega_i\phi & \cos\omega_i\phi\end{bmatrix}
+#     \begin{bmatrix}\sin\omega_i t\\ \cos\omega_i t\end{bmatrix}.$$
+#
+# Stack the $d/2$ rotations into a block-diagonal matrix $M(\phi)$ $(d \times d)$: then
+# $p_{t+\phi} = M(\phi)\,p_t$ **for every $t$**, with $M$ depending only on the offset $\phi$.
+# A shift in position is a fixed linear map, one a layer can learn, which is what lets
+# attention find "the token three places to the left" wherever it is.
+
+# %%
+def rotation(phi, omega):
+    """Block-diagonal M(phi): one 2x2 rotation by omega_i * phi per (sin, cos) channel pair."""
+    M = np.zeros((2 * len(omega), 2 * len(omega)))
+    for i, w in enumerate(omega):
+        c, s = np.cos(w * phi), np.sin(w * phi)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, s], [-s, c]]
+    return M
+
+
+for phi in (1, 5, 17):
+    M = rotation(phi, omega)
+    shifted = PE[:-phi] @ M.T                       # row t: M(phi) p_t
+    err = np.abs(shifted - PE[phi:]).max()
+    print(f"phi = {phi:2d}: max |M(phi) p_t - p_(t+phi)| over all t = {err:.1e}")
+    assert err < 1e-9
+    assert np.allclose(M @ M.T, np.eye(d_model))   # a rotation: lengths and angles are kept
+
+# %% [markdown]
+# Two consequences, visible below. Every $p_t$ has the same length $\sqrt{d/2}$ (rotations keep
+# lengths), and the dot product of two encodings depends only on their distance:
+# $p_t \cdot p_{t+\phi} = \sum_i \cos(\omega_i\phi)$. The similarity matrix $p_s\cdot p_t$ is
+# constant along its diagonals: a *Toeplitz* matrix. Keep that picture in mind for lesson 7,
+# where gMLP's learned spatial weights turn out to look the same.
+
+# %%
+sim = PE @ PE.T
+assert np.allclose(np.linalg.norm(PE, axis=1), math.sqrt(d_model / 2))
+assert np.allclose(np.diag(sim, 3), np.cos(3 * omega).sum())
+fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
+im = ax0.imshow(sim, cmap="viridis")
+ax0.set_title(r"$p_s \cdot p_t$: constant along diagonals")
+ax0.set_xlabel("t")
+ax0.set_ylabel("s")
+fig.colorbar(im, ax=ax0)
+phis = np.arange(positions)
+ax1.plot(phis, [np.cos(f * omega).sum() for f in phis])
+ax1.set_xlabel(r"distance $\phi$")
+ax1.set_ylabel(r"$p_t \cdot p_{t+\phi}$")
+ax1.set_title("Similarity falls with distance")
+plt.show()
+
+# %% [markdown]
+# ## 4. An image as a sequence of patch tokens
+#
+# A Transformer reads a sequence of vectors. ViT makes one from an image by cutting it into
+# non-overlapping $P \times P$ patches, flattening each ($C \cdot P^2$ numbers) and projecting it
+# with one shared linear map to $D$ channels. A $32 \times 32$ image with $P = 8$ becomes
+# $S = 16$ tokens. (MLP-Mixer and gMLP start exactly the same way.)
+#
+# The synthetic images of `tinymlp.data` are built on a $4\times4$ grid of $8\times8$ cells, so
+# with $P = 8$ each patch is one cell. The class of an image is where a blue hollow square
+# sits relative to a red cross: a relation *between* two patches, which is what token mixing
+# has to discover.
+
+# %%
+data = SyntheticImages(num_images=20, seed=0)
+image = data.images[3].astype(np.float32) / 255            # (3, 32, 32), channels first
+C, H, W = image.shape
+P = 8
+gh, gw = H // P, W // P
+
+# (C, H, W) -> (C, gh, P, gw, P) -> (gh, gw, C, P, P) -> (gh * gw, C * P * P): row-major tokens
+patches = image.reshape(C, gh, P, gw, P).transpose(1, 3, 0, 2, 4).reshape(gh * gw, C * P * P)
+print("image", image.shape, "->", patches.shape, "= (tokens, values per patch)")
+print("class:", data.classes[data.labels[3]], "| markers in cells", data.markers[3])
+
+fig = plt.figure(figsize=(10, 4.5))
+ax = fig.add_axes([0.02, 0.05, 0.42, 0.85])
+ax.imshow(image.transpose(1, 2, 0))
+ax.set_xticks(np.arange(0, W + 1, P) - 0.5, [])
+ax.set_yticks(np.arange(0, H + 1, P) - 0.5, [])
+ax.grid(color="w", lw=1.5)
+ax.set_title("the image and its 8x8 patch grid")
+grid = fig.add_gridspec(gh, gw, left=0.5, right=0.92, bottom=0.05, top=0.9, wspace=0.1, hspace=0.35)
+for token in range(gh * gw):
+    sub = fig.add_subplot(grid[token // gw, token % gw])
+    sub.imshow(patches[token].reshape(C, P, P).transpose(1, 2, 0))
+    sub.set_title(f"token {token}", fontsize=8)
+    sub.axis("off")
+plt.show()
+
+# %% [markdown]
+# `nn.PatchEmbedding` does the same reshape (same row-major token order, each patch flattened
+# as (channel, row, column)) followed by its linear projection `.proj`. Check it against our
+# patches:
+
+# %%
+embed = nn.PatchEmbedding(image_size=32, patch_size=8, in_channels=3, dim=24, rng=0)
+with no_grad():
+    tokens_lib = embed(tensor(image[None])).numpy()[0]          # (16, 24)
+ours = patches @ embed.proj.weight.numpy() + embed.proj.bias.numpy()
+print("PatchEmbedding:", tuple(image[None].shape), "->", tokens_lib.shape, "| grid", embed.grid)
+assert np.allclose(tokens_lib, ours, atol=1e-5)
+
+# %% [markdown]
+# From here ViT prepends a learned class token and adds a position encoding (learned, or the
+# sinusoids of section 3: `tinymlp.models.ViT(..., pos_embedding="sinusoidal")`), then runs
+# Transformer blocks of attention and MLPs. Attention's cost grows with the square of the
+# number of tokens, because $P$ is $S\times S$. MLP-Mixer (lesson 6) keeps the patches and
+# replaces attention with a plain MLP across tokens.
+#
+# ## What to remember
+#
+# - Softmax's Jacobian is $\operatorname{diag}(p) - pp^\top$; backward needs only
+#   $p\odot(g - \langle g, p\rangle)$.
+# - Attention is $\operatorname{softmax}(QK^\top/\sqrt d)\,V$; $\sqrt d$ keeps the softmax out of
+#   saturation; masks set forbidden weights to zero.
+# - Sinusoidal encodings turn a shift of position into a fixed rotation, so relative positions
+#   are linear to read; their similarity matrix is Toeplitz.
+# - Patches are tokens: reshape, transpose, reshape, one linear map.
+#
+# **Next:** lesson 6, MLP-Mixer: mixing tokens with an MLP instead of attention.
