@@ -1,0 +1,324 @@
+"""The training loop: ``fit`` and ``evaluate``, with tqdm progress bars and a ``History``.
+
+    history = fit(model, optimizer, train_loader, val_loader, epochs=10,
+                  scheduler=sched, clip=1.0, callbacks=[save_checkpoint])
+    test_loss, test_acc = evaluate(model, test_loader)
+    history.to_dict()           # JSON-able: metrics.json, or a checkpoint's metadata
+
+One training step is the usual five lines: forward, loss, ``zero_grad``, ``backward``,
+optional gradient clipping, ``optimizer.step()``, ``scheduler.step()``.
+
+No waiting for the GPU. On CUDA every array operation is queued and the host runs ahead;
+asking for a number (``loss.item()``, ``float(x)``) makes the host wait until the queue has
+drained. Reading the loss after every batch would therefore serialise host and device. The
+loop instead *accumulates* its metrics on the device (a running sum of ``loss * batch`` and
+a running count of correct predictions, both device scalars) and brings them to the host
+only every ``sync_every`` batches and at the end of an epoch, in one transfer (``_to_host``).
+The progress bar's loss and accuracy are running epoch means, refreshed at those moments.
+
+Accuracy with soft targets (mixup, cutmix: a distribution over classes per image) counts a
+prediction as correct when it is the target's most probable class.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+from tqdm import tqdm
+
+from . import functional as F
+from .autograd import no_grad
+from .backend import array_module, parse_device, to_device
+from .optim import clip_grad_norm
+from .tensor import Tensor
+
+__all__ = ["History", "evaluate", "fit", "format_epoch"]
+
+SYNC_EVERY = 20
+"""Default number of batches between two reads of the running metrics (host syncs)."""
+
+
+# ---------------------------------------------------------------------- history
+@dataclass
+class History:
+    """Per-epoch metrics, one list entry per epoch (``val_*`` are None without validation).
+
+    ``epoch`` holds epoch numbers counted from 1; ``lr`` the learning rate of the epoch's last
+    step; ``epoch_time`` the seconds of the epoch (training and validation); ``images_per_sec``
+    the training throughput (training images / training seconds); ``steps`` the optimizer steps
+    taken since the start of the run, at the end of each epoch.
+    """
+
+    epoch: list = field(default_factory=list)
+    train_loss: list = field(default_factory=list)
+    train_acc: list = field(default_factory=list)
+    val_loss: list = field(default_factory=list)
+    val_acc: list = field(default_factory=list)
+    lr: list = field(default_factory=list)
+    epoch_time: list = field(default_factory=list)
+    images_per_sec: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.epoch)
+
+    def append(self, **row) -> None:
+        """Add one epoch; every field must be given (None is allowed for ``val_*``)."""
+        names = [f.name for f in fields(self)]
+        if set(row) != set(names):
+            raise ValueError(f"History.append needs exactly the fields {names}, got {sorted(row)}")
+        for name in names:
+            getattr(self, name).append(row[name])
+
+    def last(self) -> dict:
+        """The latest epoch as a dict ``{field: value}``."""
+        if not self.epoch:
+            raise IndexError("History.last(): no epoch recorded yet")
+        return {f.name: getattr(self, f.name)[-1] for f in fields(self)}
+
+    def to_dict(self) -> dict:
+        """``{field: list}`` of plain Python numbers (and None), ready for ``json.dump``."""
+        return {f.name: [_plain(v) for v in getattr(self, f.name)] for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data) -> History:
+        """The inverse of ``to_dict``; all lists must have the same length."""
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise ValueError(f"History.from_dict: missing fields {missing}")
+        lengths = {n: len(data[n]) for n in names}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"History.from_dict: fields of different lengths {lengths}")
+        return cls(**{n: [_plain(v) for v in data[n]] for n in names})
+
+
+def _plain(value):
+    """A NumPy scalar or 0-d array as a Python int/float; None and Python numbers unchanged."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return np.asarray(value).item()
+
+
+def format_epoch(history: History, total_epochs=None) -> str:
+    """One line describing the last epoch of ``history`` (for logs and ``--no-progress`` runs)."""
+    r = history.last()
+    of = f"/{total_epochs}" if total_epochs else ""
+    text = f"epoch {r['epoch']}{of}: train loss {r['train_loss']:.4f} acc {100 * r['train_acc']:.2f}%"
+    if r["val_loss"] is not None:
+        text += f" | val loss {r['val_loss']:.4f} acc {100 * r['val_acc']:.2f}%"
+    return text + f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} img/s | {r['epoch_time']:.1f} s"
+
+
+# ---------------------------------------------------------------------- metrics on the device
+class _Running:
+    """Sums of ``loss * batch_size`` and of correct predictions, kept on the batches' device.
+
+    ``add`` queues two tiny device operations and returns at once; ``read`` is the only place
+    that waits for the device (see the module docstring).
+    """
+
+    def __init__(self):
+        self.loss_sum = None          # device scalar (float64)
+        self.correct = None           # device scalar (int64)
+        self.count = 0                # images seen: a host int, known from the shapes
+
+    def add(self, loss, logits, target):
+        xp = array_module(logits)
+        if target.ndim == 2:          # soft targets: the most probable class counts as the label
+            target = target.argmax(axis=1)
+        batch = len(target)
+        loss_sum = loss.astype(np.float64) * batch
+        correct = xp.count_nonzero(logits.argmax(axis=1) == target)
+        if self.loss_sum is None:
+            self.loss_sum, self.correct = loss_sum, correct
+        else:
+            self.loss_sum = self.loss_sum + loss_sum
+            self.correct = self.correct + correct
+        self.count += batch
+
+    def read(self):
+        """(mean loss, accuracy) as Python floats: one device-to-host transfer."""
+        if not self.count:
+            return math.nan, math.nan
+        loss_sum, correct = _to_host(self.loss_sum, self.correct)
+        return loss_sum / self.count, correct / self.count
+
+
+def _to_host(*scalars):
+    """Bring device scalars to the host in one transfer (the loop's only synchronisation)."""
+    xp = array_module(scalars[0])
+    stacked = xp.stack([xp.asarray(s, dtype=np.float64) for s in scalars])
+    return [float(v) for v in to_device(stacked, "cpu")]
+
+
+# ---------------------------------------------------------------------- progress bars
+def _progress_enabled(progress) -> bool:
+    """``None`` means: bars only when stderr is a terminal (not in logs, CI or pipes)."""
+    if progress is None:
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return bool(progress)
+
+
+def _bar(show, **kwargs):
+    return tqdm(disable=not show, dynamic_ncols=True, **kwargs)
+
+
+def _num_batches(loader, limit_batches):
+    try:
+        n = len(loader)
+    except TypeError:
+        n = None
+    if limit_batches is not None:
+        n = limit_batches if n is None else min(n, int(limit_batches))
+    return n
+
+
+def _batches(loader, limit_batches, device):
+    """Yield (x, y) from ``loader`` as Tensors on ``device`` (no copy when already there)."""
+    for i, (x, y) in enumerate(loader, start=1):
+        yield _on(x, device), _on(y, device)
+        if limit_batches is not None and i >= limit_batches:
+            return
+
+
+def _on(x, device):
+    return x.to(device) if isinstance(x, Tensor) else Tensor(x, device=device)
+
+
+def _model_device(model) -> str:
+    for p in model.parameters():
+        return p.device
+    return "cpu"
+
+
+# ---------------------------------------------------------------------- evaluate
+def evaluate(model, loader, limit_batches=None, loss_fn=F.cross_entropy, device=None, progress=False):
+    """Mean loss and accuracy of ``model`` over ``loader`` (at most ``limit_batches`` batches).
+
+    Runs in evaluation mode (dropout off) without building a graph, and puts the model back in
+    the mode it was in. The mean is over images (batches weighted by their size). Returns
+    ``(loss, accuracy)`` as Python floats, accuracy in [0, 1]; one host sync at the end.
+    """
+    device = parse_device(device) if device is not None else _model_device(model)
+    was_training = model.training
+    model.eval()
+    running = _Running()
+    try:
+        with no_grad(), _bar(_progress_enabled(progress), desc="eval", leave=False,
+                             total=_num_batches(loader, limit_batches)) as bar:
+            for x, y in _batches(loader, limit_batches, device):
+                logits = model(x)
+                running.add(loss_fn(logits, y).data, logits.data, y.data)
+                bar.update(1)
+    finally:
+        model.train(was_training)
+    return running.read()
+
+
+# ---------------------------------------------------------------------- fit
+def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=None, clip=None,
+        device=None, callbacks=(), progress=None, limit_batches=None, loss_fn=F.cross_entropy,
+        start_epoch=0, history=None, sync_every=SYNC_EVERY) -> History:
+    """Train ``model`` until ``epochs`` epochs are done in total; return the ``History``.
+
+    - ``epochs`` counts from the start of the run: with ``start_epoch=k`` (k epochs already done,
+      e.g. after loading a checkpoint) the loop runs epochs k+1 .. ``epochs`` and appends them
+      to ``history`` (a new History when None).
+    - ``scheduler.step()`` is called after every optimizer step; ``clip`` (a max norm) clips
+      the gradients with ``optim.clip_grad_norm`` before the step.
+    - ``device``: where the batches go (None: the device of the model's parameters). Put the
+      model there before building the optimizer.
+    - ``callbacks``: callables ``cb(epoch, history)`` run after each epoch, ``epoch`` being the
+      number of epochs done (1, 2, ...): checkpointing, logging, plots.
+    - ``progress``: True, False, or None for "when stderr is a terminal". Two tqdm bars: the
+      epochs, and the batches of the current epoch with the running loss, accuracy and lr.
+      Without bars nothing is printed (log with a callback, e.g. ``format_epoch``).
+    - ``limit_batches``: at most this many batches per epoch, for training and validation
+      (smoke runs).
+    - ``sync_every``: batches between two reads of the running metrics (see the module docstring).
+
+    A loss that becomes NaN or infinite stops training with a FloatingPointError that says
+    when (it is noticed at the next read of the metrics).
+    """
+    device = parse_device(device) if device is not None else _model_device(model)
+    if _model_device(model) != device:
+        raise ValueError(
+            f"fit: the model's parameters are on {_model_device(model)!r} but device={device!r}; "
+            f"call model.to({device!r}) before building the optimizer"
+        )
+    history = History() if history is None else history
+    show = _progress_enabled(progress)
+    steps = history.steps[-1] if history.steps else 0
+    per_epoch = _num_batches(train_loader, limit_batches)
+    sync_every = max(1, int(sync_every))
+
+    with _bar(show, desc="epochs", total=epochs, initial=start_epoch, unit="epoch") as epoch_bar:
+        for epoch in range(start_epoch, epochs):
+            model.train()
+            running = _Running()
+            lr = optimizer.lr
+            started = time.perf_counter()
+            with _bar(show, desc=f"epoch {epoch + 1}/{epochs}", total=per_epoch, leave=False,
+                      unit="batch") as bar:
+                for i, (x, y) in enumerate(_batches(train_loader, limit_batches, device), start=1):
+                    lr = optimizer.lr
+                    logits = model(x)
+                    loss = loss_fn(logits, y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    if clip:
+                        clip_grad_norm(model.parameters(), clip)
+                    optimizer.step()
+                    if scheduler is not None:
+                        scheduler.step()
+                    steps += 1
+                    running.add(loss.data, logits.data, y.data)
+                    if i % sync_every == 0:
+                        _show_running(bar, running, lr, epoch + 1, i)
+                    bar.update(1)
+                train_loss, train_acc = _check_finite(running.read(), epoch + 1, running.count)
+            train_time = time.perf_counter() - started  # the read above waited for the device
+
+            val_loss = val_acc = None
+            if val_loader is not None:
+                val_loss, val_acc = evaluate(model, val_loader, limit_batches, loss_fn, device)
+            history.append(
+                epoch=epoch + 1, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
+                val_acc=val_acc, lr=lr, epoch_time=time.perf_counter() - started,
+                images_per_sec=running.count / train_time if train_time > 0 else math.nan, steps=steps,
+            )
+            if show:
+                epoch_bar.write(format_epoch(history, epochs))
+                epoch_bar.set_postfix(_postfix(history.last()), refresh=False)
+                epoch_bar.update(1)
+            for callback in callbacks:
+                callback(epoch + 1, history)
+    return history
+
+
+def _show_running(bar, running, lr, epoch, batch):
+    loss, acc = _check_finite(running.read(), epoch, running.count, batch)
+    bar.set_postfix(loss=f"{loss:.4f}", acc=f"{100 * acc:.1f}%", lr=f"{lr:.2e}")  # drawn now
+
+
+def _check_finite(metrics, epoch, images, batch=None):
+    loss, acc = metrics
+    if images and not math.isfinite(loss):
+        where = f"epoch {epoch}" + (f", by batch {batch}" if batch else "")
+        raise FloatingPointError(
+            f"the training loss became {loss} ({where}): lower the learning rate, use gradient "
+            "clipping (clip=1.0), or check the inputs for NaN"
+        )
+    return loss, acc
+
+
+def _postfix(row):
+    out = {"loss": f"{row['train_loss']:.4f}", "acc": f"{100 * row['train_acc']:.1f}%"}
+    if row["val_acc"] is not None:
+        out["val_acc"] = f"{100 * row['val_acc']:.1f}%"
+    return out
