@@ -5,7 +5,7 @@ working directory (marker ``lessons``; deselect with ``-m "not lessons"``), one 
 notebook, so a new lesson is picked up by its file name alone. A lesson that raises, or whose
 asserts fail, fails here; ``-s`` prints each lesson's run time. Committed notebooks carry no
 outputs and no execution counts (the reader runs them), and a notebook built from a source in
-``lessons/src/`` must be what ``python tools/make_lessons.py`` makes of it.
+``lessons/src/`` must be what ``python lessons/make_lessons.py`` makes of it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository root
 LESSONS = ROOT / "lessons"
 NOTEBOOKS = sorted(LESSONS.glob("*.ipynb"))
 CELL_TIMEOUT = 120  # seconds per cell; a lesson should take well under two minutes in all
@@ -77,10 +77,10 @@ SOURCES = sorted((LESSONS / "src").glob("*.py"))
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
 def test_lesson_matches_its_source(source):
     pytest.importorskip("nbformat")
-    spec = importlib.util.spec_from_file_location("make_lessons", ROOT / "tools" / "make_lessons.py")
+    spec = importlib.util.spec_from_file_location("make_lessons", LESSONS / "make_lessons.py")
     make_lessons = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_lessons)
     target = make_lessons.target_of(source)
-    assert target.exists(), f"{target.name} missing: run python tools/make_lessons.py"
+    assert target.exists(), f"{target.name} missing: run python lessons/make_lessons.py"
     assert target.read_text() == make_lessons.render(make_lessons.build(source)), (
-        f"{target.name} differs from lessons/src/{source.name}: run python tools/make_lessons.py")
+        f"{target.name} differs from lessons/src/{source.name}: run python lessons/make_lessons.py")

@@ -1,4 +1,4 @@
-# Source of lessons/01_backprop_by_hand.ipynb (build it with: python tools/make_lessons.py)
+# Source of lessons/01_backprop_by_hand.ipynb (build it with: python lessons/make_lessons.py)
 
 # %% [markdown]
 # # Lesson 1: Backpropagation by hand

@@ -1,4 +1,4 @@
-# Source of lessons/02_autograd_engine.ipynb (build it with: python tools/make_lessons.py)
+# Source of lessons/02_autograd_engine.ipynb (build it with: python lessons/make_lessons.py)
 
 # %% [markdown]
 # # Lesson 2: The autograd engine

@@ -1,4 +1,4 @@
-# Source of lessons/03_writing_an_op.ipynb (build it with: python tools/make_lessons.py)
+# Source of lessons/03_writing_an_op.ipynb (build it with: python lessons/make_lessons.py)
 
 # %% [markdown]
 # # Lesson 3: Writing an op

@@ -1,4 +1,4 @@
-# Source of lessons/04_layernorm.ipynb (build it with: python tools/make_lessons.py)
+# Source of lessons/04_layernorm.ipynb (build it with: python lessons/make_lessons.py)
 
 # %% [markdown]
 # # Lesson 4: LayerNorm and its efficient backward

@@ -1,4 +1,4 @@
-# Source of lessons/05_softmax_attention.ipynb (build it with: python tools/make_lessons.py)
+# Source of lessons/05_softmax_attention.ipynb (build it with: python lessons/make_lessons.py)
 
 # %% [markdown]
 # # Lesson 5: Softmax, attention, positions and patches

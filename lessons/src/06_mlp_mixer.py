@@ -1,4 +1,4 @@
-# Source of lessons/06_mlp_mixer.ipynb (build it with: python tools/make_lessons.py)
+# Source of lessons/06_mlp_mixer.ipynb (build it with: python lessons/make_lessons.py)
 
 # %% [markdown]
 # # Lesson 6: MLP-Mixer

@@ -16,8 +16,8 @@ of the source and are not part of the notebook. ``lessons/src/NN_name.py`` becom
 ``lessons/NN_name.ipynb``, without outputs and with stable cell ids, so that building twice
 gives the same bytes.
 
-    python tools/make_lessons.py            # (re)write every notebook that has a source
-    python tools/make_lessons.py --check    # exit 1 if a notebook differs from its source
+    python lessons/make_lessons.py            # (re)write every notebook that has a source
+    python lessons/make_lessons.py --check    # exit 1 if a notebook differs from its source
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository root
 SOURCES = ROOT / "lessons" / "src"
 LESSONS = ROOT / "lessons"
 
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
             target.write_text(text)
             print(f"wrote {target.relative_to(ROOT)}")
     for target in stale:
-        print(f"out of date: {target.relative_to(ROOT)} (run python tools/make_lessons.py)")
+        print(f"out of date: {target.relative_to(ROOT)} (run python lessons/make_lessons.py)")
     return 1 if stale else 0
 
 

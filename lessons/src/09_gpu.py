@@ -1,0 +1,220 @@
+# Source of lessons/09_gpu.ipynb (build it with: python lessons/make_lessons.py)
+
+# %% [markdown]
+# # Lesson 9: the same code on a GPU
+#
+# Every op in tinymlp starts with `xp = array_module(x)`: the module that owns the array,
+# NumPy for a CPU array, CuPy for a GPU array. CuPy copies NumPy's interface, so the forward
+# and backward formulas of every `Function` are written once and run on both devices
+# (Chainer's idea). Choosing the device is a matter of where the arrays live:
+#
+# | what | how |
+# |---|---|
+# | a tensor | `tinymlp.tensor(data, device="cuda")`, `t.to("cuda")`, `t.cpu()` |
+# | a model | `model.to("cuda")` (in place; build the optimizer *after* it) |
+# | the data | `DataLoader(..., device="cuda")`: batches travel as uint8, then convert on the GPU |
+# | training | `fit(model, ...)` trains wherever the model's parameters are |
+#
+# This notebook runs everywhere: where no GPU is usable it says why and what to install
+# instead of failing, and it still shows the CPU side of every comparison.
+#
+# **In tinymlp:** `tinymlp/backend.py` (device names, `array_module`, `to_device`,
+# `cuda_available`, `CudaUnavailableError`), `Tensor.to` in `tinymlp/tensor.py`, `Module.to` in
+# `tinymlp/nn/module.py`, and `tinymlp/train.py` (why the loop reads its metrics only every
+# `sync_every` batches).
+
+# %%
+import subprocess
+import sys
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import tinymlp
+from tinymlp import F
+from tinymlp.backend import array_module
+from tinymlp.models import create
+from tinymlp.optim import AdamW
+
+lesson_start = time.perf_counter()
+
+# %% [markdown]
+# ## 1. What can this machine run?
+#
+# `python -m tinymlp doctor` reports the NumPy and BLAS in use, whether CuPy imports, which
+# GPUs it sees, and runs a tiny forward and backward pass on each device. Run it first
+# whenever a GPU does not do what you expect.
+
+# %%
+report = subprocess.run([sys.executable, "-m", "tinymlp", "doctor"], capture_output=True, text=True, check=False)
+print(report.stdout or report.stderr)
+
+GPU = tinymlp.cuda_available()
+DEVICE = "cuda" if GPU else "cpu"
+print("tinymlp.cuda_available():", GPU, "-> this notebook uses", DEVICE)
+if not GPU:
+    print("No usable GPU here: every GPU cell below explains what it would do and runs the CPU part.\n"
+          'To use an NVIDIA GPU, install CuPy for your CUDA version: pip install "tinymlp[cuda12]" '
+          '(or "tinymlp[cuda13]"), then check with: python -m tinymlp doctor')
+
+# %% [markdown]
+# Asking for a device that cannot be used is an error that says what is missing, raised the
+# moment you ask, not a crash deep inside an op:
+
+# %%
+try:
+    t = tinymlp.tensor([1.0, 2.0, 3.0], device="cuda")
+    print("a tensor on", t.device, "held by", type(t.data).__module__)
+except tinymlp.CudaUnavailableError as err:
+    print("CudaUnavailableError:", err)
+
+# %% [markdown]
+# ## 2. One code path
+#
+# The same `Function` serves both devices because it asks the array for its module. Here is
+# a small computation through the public API on `DEVICE`: the data is a NumPy array on the
+# CPU or a CuPy array on the GPU, and the gradient lands on the same device.
+
+# %%
+rng = np.random.default_rng(0)
+a = rng.standard_normal((8, 16))
+x = tinymlp.tensor(a, device=DEVICE, dtype="float64", requires_grad=True)
+y = F.gelu(x @ x.transpose(1, 0)).sum()
+y.backward()
+
+print("x lives on", x.device, "as a", type(x.data).__module__ + "." + type(x.data).__name__)
+print("xp for x.data is", array_module(x.data).__name__, "| grad on the same device:",
+      type(x.grad).__module__)
+
+# the same computation on the CPU, as the reference
+x_cpu = tinymlp.tensor(a, dtype="float64", requires_grad=True)
+F.gelu(x_cpu @ x_cpu.transpose(1, 0)).sum().backward()
+grad = x.grad if not GPU else x.grad.get()           # CuPy arrays come home with .get()
+assert np.allclose(grad, x_cpu.grad, rtol=1e-10, atol=1e-12)
+print("gradients agree with the CPU to 1e-10")
+
+# %% [markdown]
+# ## 3. The same model, the same numbers
+#
+# A model is moved with `model.to(device)`: every parameter's array is replaced by a copy on
+# the device (the `Parameter` objects stay the same). Weights travel between devices as plain
+# NumPy arrays through `state_dict()` / `load_state_dict()`. A Mixer and its copy on the GPU
+# must give the same logits up to float32 rounding: the GPU sums in a different order, so
+# expect differences around $10^{-6}$, not zero. (Every tinymlp model starts with a zero
+# classifier head, whose logits are all 0 whatever the device; we give the head random
+# weights first so that the comparison means something.)
+
+# %%
+images = rng.standard_normal((4, 3, 32, 32)).astype(np.float32)
+cpu_model = create("mixer_cifar", depth=2, seed=0)
+cpu_model.head.weight.data[...] = 0.1 * rng.standard_normal(cpu_model.head.weight.shape)
+with tinymlp.no_grad():
+    cpu_logits = cpu_model(tinymlp.tensor(images)).numpy()
+
+if GPU:
+    gpu_model = create("mixer_cifar", depth=2, seed=1)           # other weights ...
+    gpu_model.load_state_dict(cpu_model.state_dict())            # ... replaced by the CPU model's
+    gpu_model.to("cuda")
+    with tinymlp.no_grad():
+        gpu_logits = gpu_model(tinymlp.tensor(images, device="cuda")).numpy()   # .numpy() copies to the host
+    print("largest |cpu - gpu| logit difference:", np.abs(cpu_logits - gpu_logits).max())
+    assert np.allclose(cpu_logits, gpu_logits, rtol=1e-3, atol=1e-4)
+else:
+    print("CPU logits of the first image:", np.round(cpu_logits[0], 4))
+    print("(no GPU: a copy moved with .to('cuda') would print the same numbers up to ~1e-6)")
+
+# %% [markdown]
+# ## 4. Timing a training step
+#
+# One training step of the course work's CIFAR Mixer (`mixer_cifar`: 4.5M parameters,
+# 64 tokens of 256 channels, 8 blocks) on a batch of 64 images. Two things matter when timing
+# on a GPU:
+#
+# - **asynchrony**: CuPy queues kernels and returns at once; the host only waits when it
+#   needs a value. So the clock must stop after something that waits for the GPU:
+#   `loss.item()` does (it copies one number to the host). The training loop in
+#   `tinymlp/train.py` avoids such waits: it accumulates its metrics on the device and
+#   reads them every `sync_every` batches;
+# - **warm-up**: the first steps compile CuPy's kernels and set up cuBLAS. They are run
+#   before the clock starts.
+
+# %%
+def seconds_per_step(device, batch=64, warmup=1, steps=2):
+    model = create("mixer_cifar", seed=0).to(device)
+    optimizer = AdamW(model.parameters(), lr=1e-3)       # after .to(device)
+    x = tinymlp.tensor(rng.standard_normal((batch, 3, 32, 32)), device=device)
+    y = tinymlp.tensor(rng.integers(0, 10, size=batch), device=device)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for _ in range(warmup):
+        step().item()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    loss.item()                                          # wait for the device to finish
+    return (time.perf_counter() - start) / steps
+
+timings = {"cpu": seconds_per_step("cpu")}
+if GPU:
+    timings["cuda"] = seconds_per_step("cuda", warmup=3, steps=20)
+for device, sec in timings.items():
+    print(f"{device:>4}: {1000 * sec:8.1f} ms per step, {64 / sec:8.0f} images/s, "
+          f"one CIFAR-10 epoch (50,000 images) in {50_000 * sec / 64 / 60:.1f} min")
+
+fig, ax = plt.subplots(figsize=(6, 3))
+names = list(timings)
+ax.bar(names, [1000 * timings[n] for n in names], color=["C0", "C2"][:len(names)])
+ax.set_ylabel("ms per training step (batch 64)")
+ax.set_title("mixer_cifar: one AdamW step", fontsize=10)
+if GPU:
+    ax.text(1, 1000 * timings["cuda"], f"{timings['cpu'] / timings['cuda']:.0f}x faster", ha="center", va="bottom")
+else:
+    ax.text(0.5, 0.5, "no GPU here:\nsee section 1", transform=ax.transAxes, ha="left", color="grey")
+plt.show()
+assert all(t > 0 for t in timings.values())
+
+# %% [markdown]
+# On a CPU a step of this model takes around a second or more (more on a small, busy
+# machine), so one epoch of CIFAR-10 takes a good part of an hour and the course work's
+# from-scratch runs of tens of epochs a day. A modern GPU does the same step in milliseconds,
+# which turns such a run into minutes. The GPU only pays off when it has enough work per kernel: with tiny models (like
+# the ones in lessons 7 and 8) the launch overhead of each kernel dominates and the CPU can
+# even win. Try `seconds_per_step` with `batch=8` and `batch=256` on both devices.
+#
+# ## 5. Training on the GPU
+#
+# Nothing in the training code names a device. With a GPU, the whole run of lesson 11 moves
+# by changing two arguments:
+#
+# ```python
+# model = create("mixer_cifar").to("cuda")                     # 1. the model, then the optimizer
+# optimizer = AdamW(param_groups(model, 0.05), lr=1e-3)
+# loader = DataLoader(train, 128, shuffle=True, transform=augment, device="cuda")   # 2. the batches
+# history = fit(model, optimizer, loader, val_loader, epochs=50, scheduler=sched, clip=1.0)
+# ```
+#
+# or from the command line: `python examples/train_cifar_mixer.py --device cuda`.
+# Checkpoints are written from host copies of the arrays (`tinymlp.checkpoint.save`), so a run
+# trained on a GPU can be loaded on a laptop without one.
+
+# %%
+if GPU:
+    from tinymlp.data import DataLoader, SyntheticImages
+    from tinymlp.train import fit
+
+    data = SyntheticImages(512, seed=0)
+    loader = DataLoader(data, 128, shuffle=True, device="cuda")
+    model = create("mixer_cifar", depth=2, seed=0).to("cuda")
+    history = fit(model, AdamW(model.parameters(), lr=1e-3), loader, epochs=1, progress=False)
+    print(f"one epoch on the GPU: loss {history.train_loss[-1]:.3f}, "
+          f"{history.images_per_sec[-1]:.0f} images/s (including the first epoch's warm-up)")
+else:
+    print("no GPU: skipped the one-epoch run on 'cuda' (lesson 11 trains on the CPU)")
+print(f"lesson 9 ran in {time.perf_counter() - lesson_start:.0f} s")
