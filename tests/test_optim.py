@@ -392,3 +392,28 @@ def test_clip_grad_norm():
     assert all(p.grad.dtype == np.float32 for p in ps[:2]) and ps[2].grad is None
     np.testing.assert_allclose(ps[0].grad, before[0] * (2.0 / expected), rtol=1e-5)
     assert clip_grad_norm([param(P0)], 1.0) == 0.0  # no gradients at all
+
+
+@pytest.mark.parametrize("max_norm", [1e6, 2.0])
+def test_clip_grad_norm_without_sync_matches_the_host_decision(max_norm):
+    """sync=False keeps the decision on the device (a 0-d array, no float()); same result."""
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(s).astype(np.float32) for s in [(30, 40), (40,)]]
+    host = [param(np.zeros(g.shape), dtype="float32") for g in grads]
+    device = [param(np.zeros(g.shape), dtype="float32") for g in grads]
+    for h, d, g in zip(host, device, grads):
+        h.grad, d.grad = g.copy(), g.copy()
+    total_host = clip_grad_norm(host, max_norm)
+    total_device = clip_grad_norm(device, max_norm, sync=False)
+    assert hasattr(total_device, "dtype") and np.ndim(total_device) == 0  # an array scalar, not read back
+    assert float(total_device) == pytest.approx(total_host, rel=1e-6)
+    for h, d in zip(host, device):
+        assert d.grad.dtype == np.float32
+        np.testing.assert_allclose(d.grad, h.grad, rtol=1e-6)
+
+
+def test_clip_grad_norm_without_sync_leaves_non_finite_gradients_alone():
+    p = param(np.zeros(3), dtype="float32")
+    p.grad = np.array([np.inf, 1.0, 2.0], dtype=np.float32)
+    clip_grad_norm([p], 1.0, sync=False)
+    np.testing.assert_array_equal(p.grad, [np.inf, 1.0, 2.0])

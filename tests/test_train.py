@@ -159,9 +159,17 @@ def test_metrics_reach_the_host_only_every_few_batches(monkeypatch, sync_every, 
         raise AssertionError("the training loop called Tensor.item() (a host sync)")
 
     monkeypatch.setattr(Tensor, "item", no_item)
+    real_clip = train.clip_grad_norm
+
+    def clip_on_device(params, max_norm, sync=True):
+        assert sync is False, "clipping inside the loop must not read the norm back to the host"
+        return real_clip(params, max_norm, sync=sync)
+
+    monkeypatch.setattr(train, "clip_grad_norm", clip_on_device)
     train_loader, val_loader = loaders(n_train=132)                         # 11 batches of 12
     model = tiny_mixer()
-    history = fit(model, optimizer(model), train_loader, epochs=1, progress=True, sync_every=sync_every)
+    history = fit(model, optimizer(model), train_loader, epochs=1, progress=True, sync_every=sync_every,
+                  clip=1.0)
     assert len(calls) == expected and set(calls) == {2}                     # loss and accuracy together
     assert math.isfinite(history.train_loss[0])
     calls.clear()

@@ -530,23 +530,36 @@ class WarmupCosine(LRSchedule):
 
 
 # ---------------------------------------------------------------------- clipping
-def clip_grad_norm(params, max_norm) -> float:
+def clip_grad_norm(params, max_norm, sync=True):
     """Scale the gradients in place so that their joint L2 norm is at most ``max_norm``.
 
     The norm is taken over all gradients together, as if concatenated into one vector:
     ``total = sqrt(sum_p ||g_p||^2)``; if ``total > max_norm`` every gradient is multiplied by
-    ``max_norm / (total + 1e-6)``. Returns ``total`` (before clipping) as a Python float, the
-    one value brought back from the device. Parameters without a gradient are ignored.
-    A non-finite total is returned as is and the gradients are left alone.
+    ``max_norm / (total + 1e-6)``. Parameters without a gradient are ignored, and a
+    non-finite total leaves the gradients alone.
+
+    Returns ``total`` (before clipping) as a Python float. With ``sync=False`` it returns
+    a 0-d array on the gradients' device instead, and on a GPU the whole clip then runs
+    without waiting for the device: the training loop uses this, and reads the norm, if
+    at all, when it synchronises for its metrics (the price: one multiply over the gradients
+    even when nothing is clipped).
     """
     grads = [p.grad for p in _as_param_list(params) if p.grad is not None]
+    xp = array_module(grads[0]) if grads else np
     if not grads:
-        return 0.0
-    xp = array_module(grads[0])
+        return 0.0 if sync else xp.zeros(())
     squares = [xp.vdot(g.reshape(-1), g.reshape(-1)) for g in grads]  # a BLAS dot each, no temporaries
-    total = math.sqrt(float(xp.stack(squares).sum()))
-    if math.isfinite(total) and total > max_norm:
-        scale = float(max_norm) / (total + 1e-6)
-        for g in grads:
-            g *= scale
+    total = xp.sqrt(xp.stack(squares).sum())
+    if sync:  # the decision is taken on the host
+        norm = float(total)
+        if math.isfinite(norm) and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for g in grads:
+                g *= scale
+        return norm
+    # on the device: scale = min(1, max_norm / total), or 1 when total is not finite
+    scale = xp.where(xp.isfinite(total), xp.minimum(1.0, max_norm / (total + 1e-6)), 1.0)
+    scale = scale.astype(grads[0].dtype)
+    for g in grads:
+        g *= scale
     return total

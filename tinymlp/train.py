@@ -272,7 +272,7 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                     optimizer.zero_grad()
                     loss.backward()
                     if clip:
-                        clip_grad_norm(model.parameters(), clip)
+                        clip_grad_norm(model.parameters(), clip, sync=False)
                     optimizer.step()
                     if scheduler is not None:
                         scheduler.step()
