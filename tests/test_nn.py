@@ -477,3 +477,12 @@ def test_layers_keep_float32():
     for layer in layers:
         assert layer(x).dtype == np.float32, type(layer).__name__
     assert nn.PatchEmbedding(4, 2, 3, 5)(rng.normal(size=(1, 3, 4, 4))).dtype == np.float32
+
+
+def test_layers_built_without_rng_differ_and_manual_seed_reproduces_them():
+    tinymlp.manual_seed(3)
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    assert not np.array_equal(a.weight.data, b.weight.data)   # the default generator advances
+    tinymlp.manual_seed(3)
+    a2 = nn.Linear(8, 8)
+    np.testing.assert_array_equal(a.weight.data, a2.weight.data)

@@ -17,4 +17,5 @@ __version__ = "0.1.0"
 
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck, numerical_grad
 from . import checkpoint, functional, nn, optim
+from .nn.init import manual_seed
 from . import functional as F

@@ -7,7 +7,10 @@ Every function takes ``(target, rng=None, dtype=None)`` plus keyword-only settin
 * a ``Parameter`` (or any Tensor): the function overwrites its values *in place*, in its own
   dtype and on its own device, and returns it.
 
-``rng`` is a Generator, an int seed, or None (seed 0): the same seed gives the same weights.
+``rng`` is a Generator, an int seed, or None: the same seed gives the same weights. None
+draws from tinymlp's default generator, which advances from layer to layer (two layers
+built without ``rng`` get different weights) and which ``tinymlp.manual_seed(s)`` resets,
+so a script that builds its layers in the same order is reproducible.
 Random numbers are drawn on the CPU with NumPy and moved to the target's device, so a model
 initialises identically on either device.
 
@@ -26,7 +29,7 @@ from ..backend import DEFAULT_FLOAT, to_device
 from ..tensor import Tensor
 
 __all__ = [
-    "as_rng", "constant", "fans", "lecun_normal", "normal", "ones", "trunc_normal", "uniform",
+    "as_rng", "manual_seed", "constant", "fans", "lecun_normal", "normal", "ones", "trunc_normal", "uniform",
     "xavier_uniform", "zeros",
 ]
 
@@ -34,10 +37,19 @@ __all__ = [
 _TRUNC2_STD = 0.87962566103423978
 
 
+_default_generator = np.random.default_rng(0)
+
+
+def manual_seed(seed: int) -> None:
+    """Reset the default generator that layers built without ``rng`` draw from."""
+    global _default_generator
+    _default_generator = np.random.default_rng(seed)
+
+
 def as_rng(rng=None) -> np.random.Generator:
-    """A Generator from a Generator (returned as is), an int seed, or None (seed 0)."""
+    """A Generator from a Generator (returned as is), an int seed, or None (the default generator)."""
     if rng is None:
-        return np.random.default_rng(0)
+        return _default_generator
     if isinstance(rng, np.random.Generator):
         return rng
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
