@@ -146,7 +146,7 @@ def test_attention_gradcheck(lead, n, m, d, dv, option, seed, device):
     "q_shape, k_shape, v_shape, mask_shape",
     [
         ((2, 3, 4, 2), (1, 3, 5, 2), (5, 3), (4, 5)),  # k shared over the batch, v and mask over all
-        ((4, 2), (5, 2), (2, 5, 3), (2, 1, 4, 5)),     # only v and the mask carry batch axes
+        ((4, 2), (5, 2), (2, 5, 3), (2, 4, 5)),        # only v and the mask carry batch axes
     ],
 )
 def test_attention_gradcheck_with_broadcast_batch_axes(q_shape, k_shape, v_shape, mask_shape):
@@ -223,3 +223,10 @@ def test_missing_scale_is_caught():
     assert per_tensor["q"].verdict == per_tensor["k"].verdict == "FAIL"
     assert per_tensor["q"].hint_kind == "scale_sqrt_d"
     assert per_tensor["v"].verdict == "ok"
+
+
+def test_a_mask_with_extra_axes_is_refused_rather_than_broadcasting_the_output():
+    rng = np.random.default_rng(0)
+    q, k, v = (tensor(rng.standard_normal(s)) for s in [(4, 8), (5, 8), (5, 3)])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        F.attention(q, k, v, mask=np.ones((7, 4, 5), dtype=bool))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np  # shape arithmetic only (np.broadcast_shapes)
+import numpy as np  # shape arithmetic, and the CPU-only shortcut for masks without empty rows
 
 from ..autograd import Function, unbroadcast
 from ..backend import array_module
@@ -124,7 +124,9 @@ class Attention(Function):
         if allowed is not None:
             s = xp.where(allowed, s, xp.finfo(s.dtype).min / 2)
             empty_rows = ~allowed.any(axis=-1, keepdims=True)
-            if not empty_rows.any():
+            # asking "any empty row?" reads a value back: free on the CPU, a stall on a GPU, where
+            # backward simply applies the (all-False) row mask instead
+            if xp is np and not empty_rows.any():
                 empty_rows = None
         s -= s.max(axis=-1, keepdims=True)
         p = xp.exp(s, out=s)
@@ -180,12 +182,14 @@ def _check_shapes(q, k, v, mask):
         if mask.dtype != bool:
             raise TypeError(f"attention: mask must be boolean (True = allowed), got {mask.dtype}")
         try:
-            np.broadcast_shapes(mask.shape, target)
+            fits = np.broadcast_shapes(mask.shape, target) == target
         except ValueError:
+            fits = False
+        if not fits:  # a mask with extra axes would silently broadcast the output: refuse it
             raise ValueError(
                 f"attention: mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
                 f"{target} (..., n, m); {shapes}"
-            ) from None
+            )
 
 
 def softmax(x, axis=-1):
