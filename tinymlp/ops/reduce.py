@@ -66,9 +66,9 @@ class Max(Function):
     def forward(ctx, x, axis=None, keepdims=False):
         axes = _axes(axis, x.ndim)
         out = x.max(axis=axes, keepdims=True)
-        winners = x == out
-        share = winners / winners.sum(axis=axes, keepdims=True)
-        ctx.save_for_backward(share.astype(x.dtype))
+        share = (x == out).astype(x.dtype)  # 1 at the maxima, in x's dtype (no float64 detour)
+        share /= share.sum(axis=axes, keepdims=True)
+        ctx.save_for_backward(share)
         ctx.axes, ctx.keepdims = axes, keepdims
         return out if keepdims else out.squeeze(axis=axes)
 
