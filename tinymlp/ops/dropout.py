@@ -31,8 +31,10 @@ def _uniform(xp, rng, shape, dtype):
     draw_dtype = dtype if dtype in (np.float32, np.float64) else np.float64
     if rng is None:
         rng = _default_rng(xp)
-    u = rng.random(shape, dtype=draw_dtype)
-    return xp.asarray(u)  # a NumPy generator feeding a CUDA tensor: drawn on the host, then copied
+    elif xp is not np and isinstance(rng, np.random.Generator):
+        # a NumPy generator driving a GPU tensor: draw one seed on the host, the mask on the device
+        rng = xp.random.default_rng(int(rng.integers(2**63)))
+    return rng.random(shape, dtype=draw_dtype)
 
 
 class Dropout(Function):
