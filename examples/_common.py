@@ -119,7 +119,7 @@ def main(parser: argparse.ArgumentParser, model_spec, argv=None) -> int:
     """Parse the flags, train, write the outputs; the exit status (0 ok, 2 usage/data error)."""
     args = parser.parse_args(argv)
     try:
-        return _run(args, model_spec)
+        return _run(args, model_spec, explicit=_explicit_flags(parser, argv))
     except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -127,6 +127,23 @@ def main(parser: argparse.ArgumentParser, model_spec, argv=None) -> int:
         print("\ninterrupted; continue later with --resume auto (the last finished epoch is saved)",
               file=sys.stderr)
         return 130
+
+
+def _explicit_flags(parser, argv) -> set[str]:
+    """The flags given on the command line: a second parse in which every default is suppressed."""
+    probe = argparse.ArgumentParser(add_help=False)
+    for action in parser._actions:  # the same flags, without their defaults
+        if action.option_strings and action.dest != "help":
+            kwargs = {"dest": action.dest, "default": argparse.SUPPRESS}
+            if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
+                probe.add_argument(*action.option_strings, action=type(action), **kwargs)
+            else:
+                probe.add_argument(*action.option_strings, **kwargs)
+    return set(vars(probe.parse_known_args(argv)[0]))
+
+
+# what a resumed run keeps from the checkpoint unless the command line says otherwise
+RESUMED_OPTIMISATION = ("lr", "weight_decay")
 
 
 def _check_args(args):
@@ -186,7 +203,7 @@ def _resume_path(args, out: Path):
     return path
 
 
-def _run(args, model_spec) -> int:
+def _run(args, model_spec, explicit=frozenset()) -> int:
     _check_args(args)
     backend.module_for_device(args.device)          # a clear CudaUnavailableError, before any work
     preset, overrides, weight_plot, weight_file = model_spec(args)
@@ -218,6 +235,13 @@ def _run(args, model_spec) -> int:
     if meta is not None:
         checkpoint.load(resume, model, opt, sched)
         history, start = History.from_dict(meta["history"]), int(meta["epoch"])
+        for name in RESUMED_OPTIMISATION:  # the checkpoint's values, unless given again now
+            if name not in explicit:
+                setattr(args, name, meta["args"][name])
+        sched.base_lrs = [args.lr] * len(opt.param_groups)
+        for group in opt.param_groups:
+            if group["weight_decay"]:  # the exempt groups (biases, norms) stay at 0
+                group["weight_decay"] = args.weight_decay
         train_loader.rng.bit_generator.state = meta["rng"].bit_generator.state
         if (sched.total_steps, sched.warmup_steps) != (total, warmup):  # a longer (or shorter) run now
             sched.load_state_dict({**sched.state_dict(), "total_steps": max(total, sched.step_count),

@@ -51,7 +51,8 @@ def assert_clean_failure(result):
 ])
 def test_script_trains_writes_its_outputs_and_resumes(tmp_path, script, extra, weight_png):
     out = tmp_path / "run"
-    first = run(script, *SMOKE, *TINY[script], *extra, "--epochs", "1", "--out", out, cwd=tmp_path)
+    first = run(script, *SMOKE, *TINY[script], *extra, "--epochs", "1", "--lr", "0.002", "--out", out,
+                cwd=tmp_path)
     assert_ok(first)
     for name in ("checkpoint.npz", "metrics.json", "curves.png", weight_png):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
@@ -77,6 +78,12 @@ def test_script_trains_writes_its_outputs_and_resumes(tmp_path, script, extra, w
     assert metrics2["history"]["train_loss"][0] == metrics["history"]["train_loss"][0]  # appended, not redone
     assert metrics2["model_config"] == metrics["model_config"]
     assert read_meta(out / "checkpoint.npz")["epoch"] == 3
+    assert metrics2["args"]["lr"] == 0.002 and "AdamW lr 0.002 " in second.stdout   # the run's lr, kept
+    if script is MIXER:  # an lr given again on resume wins, and the banner says so
+        third = run(script, *SMOKE, "--epochs", "4", "--lr", "0.004", *where, cwd=tmp_path)
+        assert_ok(third)
+        assert "AdamW lr 0.004 " in third.stdout
+        assert json.loads((out / "metrics.json").read_text())["args"]["lr"] == 0.004
 
 
 def test_resume_auto_without_a_checkpoint_starts_afresh_and_a_missing_path_is_refused(tmp_path):
