@@ -64,8 +64,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g.add_argument("--dataset", choices=["cifar10", "cifar100", "synthetic"], default="cifar10",
                    help="'synthetic' is a generated 10-class set in the CIFAR format: no download")
     g.add_argument("--data-dir", default=None,
-                   help="folder holding (or receiving) the CIFAR files; default: $TINYMLP_DATA, "
-                        "else ~/.cache/tinymlp")
+                   help="folder holding (or receiving) the CIFAR files; default: $TINYMLP_DATA, else "
+                        "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp")
     g.add_argument("--no-download", action="store_true",
                    help="never use the network: fail if the data is not already in --data-dir")
     g.add_argument("--download-url", default=None, metavar="URL",

@@ -31,7 +31,7 @@ def _thread_env() -> str:
 
 
 def _tiny_op(device: str) -> str:
-    """Run a small matmul + softmax through tinymlp on ``device`` and compare with NumPy."""
+    """Run a small matmul + tanh forward and backward through tinymlp on ``device``; compare with NumPy."""
     from . import tensor
 
     rng = np.random.default_rng(0)

@@ -158,8 +158,8 @@ def prepare(spec: Archive, root=None, download=True, progress=True) -> Path:
                 f"Delete it and run again with download=True to fetch a fresh copy.")
     elif not download:
         raise DatasetError(
-            f"{spec.name} was not found in {root} and download=False. Pass download=True to "
-            f"fetch it. " + _how_to_fix(spec, root))
+            f"{spec.name} was not found in {root} and download=False. Pass download=True (in the "
+            f"example scripts: leave out --no-download) to fetch it. " + _how_to_fix(spec, root))
     else:
         root.mkdir(parents=True, exist_ok=True)
         _download(spec, archive, progress)
