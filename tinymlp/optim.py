@@ -59,13 +59,14 @@ def _as_param_list(params, what="params"):
     return params
 
 
-def param_groups(model, weight_decay, no_decay=("bias", "norm")):
+def param_groups(model, weight_decay, no_decay=("bias", "norm", "cls_token", "pos_embed")):
     """Two param groups: the weights, with ``weight_decay``, and the rest, without.
 
     Exempt from weight decay: every parameter with ``ndim <= 1`` (biases, LayerNorm scales and
-    shifts) and every parameter whose dotted name contains one of the strings ``no_decay``.
-    Shrinking a bias or a norm's gain towards 0 regularises nothing useful, so the usual
-    recipe (BERT, ViT, MLP-Mixer) leaves them alone. ``model`` is a Module, a dict
+    shifts, a 1-D Toeplitz filter) and every parameter whose dotted name contains one of the
+    strings ``no_decay`` (by default also ViT's class token and position embedding). Shrinking
+    a bias, a norm's gain or an embedding towards 0 regularises nothing useful, so the usual
+    recipe (BERT, ViT, MLP-Mixer, as in timm) leaves them alone. ``model`` is a Module, a dict
     ``{name: param}`` or an iterable of ``(name, param)`` pairs. Empty groups are left out.
     """
     if hasattr(model, "named_parameters"):
