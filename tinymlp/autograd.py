@@ -18,7 +18,9 @@ as in ``torch.autograd.Function``::
 
 ``apply`` unwraps Tensors to arrays, calls ``forward``, wraps the result in a Tensor and, when
 any input requires a gradient (and grad mode is on), keeps the ``ctx`` as the node of the graph.
-The ctx *is* the graph node: it records the Function, its input Tensors and what forward saved.
+The ctx *is* the graph node: it records the Function, the nodes its inputs came from (not the
+input tensors themselves, so that intermediate arrays backward does not need are freed during
+the forward pass) and what forward saved.
 
 ``backward(root)`` walks the graph in reverse topological order, found with an explicit stack
 (so a chain of 100,000 ops does not hit Python's recursion limit), calls each node's
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 
 from .backend import device_of
 from .tensor import Tensor
@@ -105,19 +108,48 @@ class Context:
     """What one application of a Function remembers; also the node of the graph.
 
     Attributes: ``needs_input_grad`` (a bool per positional input), ``saved_tensors``
-    (what ``save_for_backward`` stored). Forward may set other attributes freely
-    (``ctx.axis = axis``) for its backward to read.
+    (what ``save_for_backward`` stored), ``input_shapes`` and ``input_dtypes`` (of the
+    positional inputs; None for inputs that are not arrays), ``retain_graph`` (False while
+    backward runs for the last time: the engine drops what forward saved right after, so
+    backward may write its result into a saved array it owns). Forward may set other
+    attributes freely (``ctx.axis = axis``) for its backward to read.
+
+    The node does *not* keep its input tensors: only ``parents``, for each input that needs a
+    gradient, the node that made it (or the leaf tensor itself). So an intermediate result
+    that backward does not need (the input of a GELU that saved its derivative, a residual
+    stream already added) is freed as soon as the forward pass lets go of it, as in PyTorch;
+    what stays alive until backward is exactly what the ops saved.
     """
 
-    def __init__(self, fn, inputs, needs_input_grad):
+    def __init__(self, fn, args, needs_input_grad):
         self.fn = fn
-        self.inputs = inputs  # the positional inputs (Tensors or constants)
         self.needs_input_grad = needs_input_grad
         self.saved_tensors = ()
+        self.parents = tuple(_node_of(a) if need else None for a, need in zip(args, needs_input_grad))
+        self.input_shapes = tuple(getattr(a, "shape", None) for a in args)
+        self.input_dtypes = tuple(getattr(a, "dtype", None) for a in args)
+        self.output = None  # a weak reference to the output tensor, set by apply
+        self.retain_graph = True  # set by backward(); True = the saved arrays must stay intact
 
     def save_for_backward(self, *arrays):
         """Keep arrays for backward (save the cheapest sufficient thing)."""
         self.saved_tensors = arrays
+
+    def pop_saved(self):
+        """``saved_tensors``, for backward to unpack; on the last backward (``retain_graph``
+        False) the ctx also lets go of them. Backward then holds the only references and can
+        drop each array (``del``) as soon as it has read it, which lowers the peak memory of
+        a training step: a Linear frees its saved input before it allocates the input's
+        gradient."""
+        saved = self.saved_tensors
+        if not self.retain_graph:
+            self.saved_tensors = ()
+        return saved
+
+
+def _node_of(t):
+    """The graph node behind tensor ``t``: the Context that made it, or ``t`` itself for a leaf."""
+    return t if t._ctx is None else t._ctx
 
 
 class Function:
@@ -134,15 +166,27 @@ class Function:
     @classmethod
     def apply(cls, *args, **kwargs):
         arrays = [a.data if isinstance(a, Tensor) else a for a in args]
-        record = _grad_mode.enabled and any(isinstance(a, Tensor) and a.requires_grad for a in args)
         _check_same_device(cls, args, arrays)
-        if record:
-            needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-            ctx = Context(cls, args, needs)
-        else:
-            ctx = Context(cls, (), (False,) * len(args))
+        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        record = _grad_mode.enabled and any(needs)
+        ctx = Context(cls, args, needs) if record else _NoGraphContext(len(args))
         out = cls.forward(ctx, *arrays, **kwargs)
-        return Tensor._from_op(out, ctx if record else None)
+        result = Tensor._from_op(out, ctx if record else None)
+        if record:
+            ctx.output = weakref.ref(result)
+        return result
+
+
+class _NoGraphContext:
+    """The ctx that forward receives when no graph is recorded: it remembers nothing."""
+
+    saved_tensors = ()
+
+    def __init__(self, n):
+        self.needs_input_grad = (False,) * n
+
+    def save_for_backward(self, *arrays):
+        pass
 
 
 def _check_same_device(fn, args, arrays):
@@ -174,77 +218,83 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
         if grad.shape != root.shape:
             raise RuntimeError(f"backward(): gradient of shape {grad.shape} for an output of shape {root.shape}")
 
-    grads = {id(root): grad}
-    for node in _reverse_topological(root):
+    root_node = _node_of(root)
+    grads = {id(root_node): grad}
+    for node in _reverse_topological(root_node):
         g = grads.pop(id(node), None)
         if g is None:
             continue
-        ctx = node._ctx
-        if ctx is None:  # a leaf: accumulate, never alias an array the graph may still share
+        if isinstance(node, Tensor):  # a leaf: accumulate, never alias an array the graph may still share
             if node.grad is None:
                 node.grad = g.copy()
             else:
                 node.grad += g
             continue
-        if ctx is _FREED:
+        if node.fn is None:  # _FREED, or a node an earlier backward() went through
             raise RuntimeError(
                 "the graph behind this tensor was freed by an earlier backward(); "
                 "call backward(retain_graph=True) the first time to backpropagate twice"
             )
-        in_grads = ctx.fn.backward(ctx, g)
+        node.retain_graph = retain_graph
+        in_grads = node.fn.backward(node, g)
         if not isinstance(in_grads, tuple):
             in_grads = (in_grads,)
-        inputs = ctx.inputs
-        if len(in_grads) < len(inputs):
-            in_grads = in_grads + (None,) * (len(inputs) - len(in_grads))
-        for inp, need, ig in zip(inputs, ctx.needs_input_grad, in_grads):
-            if not need or ig is None:
+        for i, parent in enumerate(node.parents):
+            if parent is None or i >= len(in_grads) or in_grads[i] is None:
                 continue
-            if ig.shape != inp.shape:
+            ig = in_grads[i]
+            shape, dtype = node.input_shapes[i], node.input_dtypes[i]
+            if ig.shape != shape:
                 raise RuntimeError(
-                    f"{ctx.fn.__name__}.backward returned a gradient of shape {tuple(ig.shape)} "
-                    f"for an input of shape {inp.shape}"
+                    f"{node.fn.__name__}.backward returned a gradient of shape {tuple(ig.shape)} "
+                    f"for an input of shape {shape}"
                 )
-            if ig.dtype != inp.dtype:
+            if ig.dtype != dtype:
                 raise RuntimeError(
-                    f"{ctx.fn.__name__}.backward returned a {ig.dtype} gradient for a {inp.dtype} input "
+                    f"{node.fn.__name__}.backward returned a {ig.dtype} gradient for a {dtype} input "
                     "(an accidental upcast? keep constants in the input's dtype)"
                 )
-            key = id(inp)
+            key = id(parent)
             prev = grads.get(key)
             grads[key] = ig if prev is None else prev + ig
         if not retain_graph:
-            node._ctx = _FREED  # drops the ctx and all it saved
+            _free(node)
 
 
 class _FreedNode:
     """Placeholder node left behind by a freed graph, so a second backward fails clearly."""
 
-    inputs = ()
-    needs_input_grad = ()
+    fn = None
+    parents = ()
 
 
 _FREED = _FreedNode()
 
 
+def _free(ctx):
+    """Drop what ``ctx`` saved and cut it out of the graph; its output tensor now points at ``_FREED``."""
+    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
+    out = ctx.output() if ctx.output is not None else None
+    if out is not None:
+        out._ctx = _FREED
+
+
 def _reverse_topological(root):
-    """Tensors reachable from ``root`` through nodes that need grad, outputs before inputs."""
+    """Graph nodes reachable from ``root`` (Contexts, and leaf Tensors), outputs before inputs."""
     order = []
     visited = set()
     stack = [(root, False)]
     while stack:
-        t, expanded = stack.pop()
+        node, expanded = stack.pop()
         if expanded:
-            order.append(t)
+            order.append(node)
             continue
-        if id(t) in visited:
+        if id(node) in visited:
             continue
-        visited.add(id(t))
-        stack.append((t, True))
-        ctx = t._ctx
-        if ctx is not None:
-            for inp, need in zip(ctx.inputs, ctx.needs_input_grad):
-                if need and id(inp) not in visited:
-                    stack.append((inp, False))
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in getattr(node, "parents", ()):
+            if parent is not None and id(parent) not in visited:
+                stack.append((parent, False))
     order.reverse()
     return order

@@ -24,15 +24,18 @@ aMLP adds a tiny single-head attention, computed from the block's *normalised in
     s(Z) = Z_1 * (W LN(Z_2) + b + TinyAttn(X^))
 
 The classifier ends like Mixer's: LayerNorm, mean over tokens, zero-initialised head.
+
+Layout. As MLPMixer, GMLP keeps its activations token-major, (S, B, dim), between the stem
+and the head: the SGU's three (S, S) token-mixing products are then each one matrix product
+over the whole batch, read and written without strided passes (see ``F.spatial_gating``).
+A GMLPBlock takes the usual (B, S, dim) by default; the model calls it with ``token_axis=0``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..nn import (
-    GELU, LayerNorm, Linear, Module, PatchEmbedding, Sequential, SpatialGatingUnit, TinyAttention, init,
-)
+from ..nn import LayerNorm, Linear, Module, PatchEmbedding, Sequential, SpatialGatingUnit, TinyAttention, init
 
 __all__ = ["GMLPBlock", "GMLP", "AMLP"]
 
@@ -50,7 +53,8 @@ class GMLPBlock(Module):
     """x + proj_out(SGU(GELU(proj_in(LN(x))))), on tokens x of shape (B, S, dim).
 
     With ``attn_dim`` set it is an aMLP block: ``attn`` (TinyAttention on LN(x)) feeds the
-    SGU's ``gate_residual``.
+    SGU's ``gate_residual``. ``block(x, token_axis=0)`` takes a token-major x, (S, B, dim), as
+    GMLP does.
     """
 
     def __init__(self, seq_len, dim, ffn_dim, attn_dim=None, sgu_variant="split", toeplitz=None,
@@ -59,18 +63,19 @@ class GMLPBlock(Module):
         width = gate_width(ffn_dim, sgu_variant)
         self.causal = causal
         self.norm = LayerNorm(dim, eps=eps)
-        self.proj_in = Linear(dim, ffn_dim, rng=rng)
-        self.act = GELU()
+        self.proj_in = Linear(dim, ffn_dim, rng=rng, activation="gelu")   # GELU(X^ U + b_U), fused
         self.sgu = SpatialGatingUnit(seq_len, ffn_dim, variant=sgu_variant, toeplitz=toeplitz,
                                      causal=causal, grid=grid, eps=eps, rng=rng)
         self.proj_out = Linear(width, dim, rng=rng)
         self.attn = TinyAttention(dim, width, attn_dim, rng=rng) if attn_dim else None
 
-    def forward(self, x):
+    def forward(self, x, token_axis=1):
         h = self.norm(x)
-        gate_residual = self.attn(h, causal=self.causal) if self.attn is not None else None
-        z = self.act(self.proj_in(h))
-        return x + self.proj_out(self.sgu(z, gate_residual=gate_residual))
+        gate_residual = None
+        if self.attn is not None:
+            gate_residual = self.attn(h, causal=self.causal, token_axis=token_axis)
+        z = self.proj_in(h)
+        return x + self.proj_out(self.sgu(z, gate_residual=gate_residual, token_axis=token_axis))
 
 
 class GMLP(Module):
@@ -104,8 +109,10 @@ class GMLP(Module):
 
     def forward(self, images):
         x = self.patch_embed(images)          # (B, S, dim)
-        x = self.blocks(x)
-        x = self.norm(x).mean(axis=1)         # global average over tokens: (B, dim)
+        x = x.transpose(1, 0, 2)              # (S, B, dim): token-major (see the module docstring)
+        for block in self.blocks:
+            x = block(x, token_axis=0)
+        x = self.norm(x).mean(axis=0)         # global average over tokens: (B, dim)
         return self.head(x)
 
 

@@ -15,29 +15,38 @@ logit 0 and the first loss is exactly ln(K).
 
 As in the official code there is no position embedding and no class token (token mixing
 sees positions through its weights), GELU is the tanh form and LayerNorm uses eps = 1e-6.
+
+Layout. MLPMixer keeps its activations *token-major*, (S, B, C), between the stem and the
+head. Channel mixing and the LayerNorms work on the last axis either way, and token mixing
+becomes a Linear along axis 0: T(MLP_S(T(.))) is then W^T X for one (S, B*C) matrix X, a
+single matrix product with no transposed copy of the activations (see ``F.linear``'s
+``axis``). A MixerBlock takes the usual (B, S, C) by default; the model calls its blocks
+with ``token_axis=0``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..nn import GELU, Dropout, LayerNorm, Linear, Module, PatchEmbedding, Sequential, init
+from ..nn import Dropout, LayerNorm, Linear, Module, PatchEmbedding, Sequential, init
 
 __all__ = ["MLP", "MixerBlock", "MLPMixer"]
 
 
 class MLP(Module):
-    """Dense(dim -> hidden_dim) -> GELU -> Dense(hidden_dim -> dim), along the last axis."""
+    """Dense(dim -> hidden_dim) -> GELU -> Dense(hidden_dim -> dim), along axis ``axis`` of
+    the input (the last one by default). The GELU is part of ``fc1`` (``activation="gelu"``):
+    one op computes the product, the bias and the activation in one pass over the hidden units."""
 
     def __init__(self, dim, hidden_dim, dropout=0.0, rng=None):
         super().__init__()
-        self.fc1 = Linear(dim, hidden_dim, rng=rng)
-        self.act = GELU()
+        self.fc1 = Linear(dim, hidden_dim, rng=rng, activation="gelu")
         self.fc2 = Linear(hidden_dim, dim, rng=rng)
         self.drop = Dropout(dropout, rng=rng)
 
-    def forward(self, x):
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+    def forward(self, x, axis=-1):
+        h = self.drop(self.fc1(x, axis=axis))     # GELU(x W1 + b1) along ``axis``
+        return self.drop(self.fc2(h, axis=axis))
 
 
 class MixerBlock(Module):
@@ -45,7 +54,8 @@ class MixerBlock(Module):
 
     Each sub-block has its own LayerNorm, and the channel LayerNorm reads the *updated* x,
     after the token-mixing residual. ``token_mlp.fc1.weight`` is (S, D_S) and
-    ``channel_mlp.fc1.weight`` is (C, D_C).
+    ``channel_mlp.fc1.weight`` is (C, D_C). The token MLP runs along ``token_axis`` of x:
+    1 for (B, S, C), 0 for the token-major (S, B, C) that MLPMixer uses (no transposes).
 
     A curiosity kept from the official model: ``token_mlp.fc2.bias`` (one number per token)
     shifts all C channels of a token by the same amount, and every later reader of x is a
@@ -59,14 +69,14 @@ class MixerBlock(Module):
         self.norm2 = LayerNorm(dim, eps=eps)
         self.channel_mlp = MLP(dim, channel_mlp_dim, dropout, rng=rng)
 
-    def forward(self, x):
-        x = x + self.mix_tokens(self.norm1(x))
-        x = x + self.channel_mlp(self.norm2(x))
+    def forward(self, x, token_axis=1):
+        x = x + self.mix_tokens(self.norm1(x), token_axis)   # along tokens, shared by channels
+        x = x + self.channel_mlp(self.norm2(x))              # along channels, shared by tokens
         return x
 
-    def mix_tokens(self, h):
-        """The token MLP runs along the last axis, so move tokens there and back: (B,S,C) -> (B,C,S)."""
-        return self.token_mlp(h.transpose(0, 2, 1)).transpose(0, 2, 1)
+    def mix_tokens(self, h, token_axis=1):
+        """The token MLP along the token axis of h, shared by every channel (no transposes)."""
+        return self.token_mlp(h, axis=token_axis)
 
 
 class MLPMixer(Module):
@@ -93,6 +103,8 @@ class MLPMixer(Module):
 
     def forward(self, images):
         x = self.patch_embed(images)          # (B, S, C)
-        x = self.blocks(x)
-        x = self.norm(x).mean(axis=1)         # global average over tokens: (B, C)
+        x = x.transpose(1, 0, 2)              # (S, B, C): token-major (see the module docstring)
+        for block in self.blocks:
+            x = block(x, token_axis=0)
+        x = self.norm(x).mean(axis=0)         # global average over tokens: (B, C)
         return self.head(x)

@@ -21,6 +21,8 @@ class TinyAttention(Module):
 
     q, k, v = x Wqkv split in three (``.qkv``: dim_in -> 3 * attn_dim, no bias);
     out = softmax(q k^T / sqrt(attn_dim)) v, projected by ``.out`` (attn_dim -> dim_out).
+    ``attn(x, token_axis=0)`` takes and returns token-major (S, B, .) arrays: the attention
+    reads q, k, v through (B, S, .) views and its result is viewed back (no copies).
     """
 
     def __init__(self, dim_in: int, dim_out: int, attn_dim: int = 64, rng=None):
@@ -30,8 +32,11 @@ class TinyAttention(Module):
         self.qkv = Linear(dim_in, 3 * self.attn_dim, bias=False, rng=rng)
         self.out = Linear(self.attn_dim, dim_out, rng=rng)
 
-    def forward(self, x, causal: bool = False):
+    def forward(self, x, causal: bool = False, token_axis: int = 1):
         q, k, v = split(self.qkv(x), 3, axis=-1)
+        if token_axis == 0:      # attention works per sample: (S, B, d) -> (B, S, d) views
+            q, k, v = (transpose(t, (1, 0, 2)) for t in (q, k, v))
+            return self.out(transpose(F.attention(q, k, v, causal=causal), (1, 0, 2)))
         return self.out(F.attention(q, k, v, causal=causal))
 
     def extra_repr(self):

@@ -25,30 +25,39 @@ def _pair(v, what):
 class Linear(Module):
     """y = x W + b over the last axis, with W of shape (in_features, out_features).
 
+    ``activation="gelu"`` returns GELU(x W + b), fused into the same op (one pass over the
+    output fewer). ``layer(x, axis=k)`` applies the map along axis k of x instead of the last
+    one (MLP-Mixer's token mixing), with the other axes left where they are: see ``F.linear``.
+
     Init (as Flax's Dense and the official MLP-Mixer): W ~ LeCun normal, a normal truncated
     at 2 stds with variance 1/in_features, so activations keep their scale; b = 0.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, rng=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, rng=None, activation=None):
         super().__init__()
         rng = init.as_rng(rng)
         self.in_features, self.out_features = int(in_features), int(out_features)
+        if activation not in (None, "gelu"):
+            raise ValueError(f"Linear: activation must be None or 'gelu', got {activation!r}")
+        self.activation = activation
         self.weight = Parameter(init.lecun_normal((self.in_features, self.out_features), rng))
         self.bias = Parameter(init.zeros((self.out_features,))) if bias else None
 
-    def forward(self, x):
-        if x.shape[-1] != self.in_features:
+    def forward(self, x, axis: int = -1):
+        if not -x.ndim <= axis < x.ndim or x.shape[axis] != self.in_features:
+            where = "last axis" if axis == -1 else f"axis {axis}"
             raise ValueError(
-                f"{self._describe()}: expected input with last axis {self.in_features}, "
+                f"{self._describe()}: expected input with {where} {self.in_features}, "
                 f"got shape {tuple(x.shape)}"
             )
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias, axis=axis, activation=self.activation)
 
     def _describe(self):
         return f"Linear({self.in_features} -> {self.out_features})"
 
     def extra_repr(self):
-        return f"{self.in_features} -> {self.out_features}" + ("" if self.bias is not None else ", bias=False")
+        return (f"{self.in_features} -> {self.out_features}" + ("" if self.bias is not None else ", bias=False")
+                + ("" if self.activation is None else f", activation={self.activation}"))
 
 
 class LayerNorm(Module):

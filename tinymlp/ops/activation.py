@@ -65,6 +65,34 @@ def gelu(x, approximate=True):
     return GELU.apply(x, approximate=bool(approximate))
 
 
+def gelu_epilogue(u, bias=None, want_derivative=True):
+    """(GELU(u + bias), dGELU/du at u + bias) in the tanh form, computed *in place* in u on the CPU.
+
+    The last steps of a Linear followed by GELU (``F.linear(..., activation="gelu")``): the
+    matrix product has just written u, a fresh array nobody else holds, so the bias add, the
+    activation and its derivative run in one chunked pass over it, and the output takes u's
+    memory (one large array fewer than ``gelu(linear(x, W, b))``, and two passes fewer over
+    it). ``u`` has at least one axis; ``bias`` broadcasts against it, and when its leading axis
+    matches u's (one bias per row, as for ``axis=0``) each chunk of rows takes its own rows of
+    the bias. Returns ``(y, d)``: y is u itself on the CPU; d is None unless ``want_derivative``.
+    Tested against ``gelu(linear(...))`` in tests/test_fast_paths.py.
+    """
+    xp = array_module(u)
+    if _on_gpu(u) and cuda_kernels.supported(u):   # one fused kernel; y is a new array
+        if bias is not None:
+            u += bias
+        return cuda_kernels.gelu_tanh_forward(u, want_derivative=want_derivative)
+    d = xp.empty(u.shape, dtype=u.dtype) if want_derivative else None
+    per_row = bias is not None and bias.ndim == u.ndim and bias.shape[0] == u.shape[0] > 1
+    rows = max(1, _CHUNK // max(1, u[0].size))     # whole rows of u (its first axis) per chunk
+    for s in range(0, u.shape[0], rows):
+        piece = u[s:s + rows]
+        if bias is not None:
+            piece += bias[s:s + rows] if per_row else bias
+        _gelu_tanh(piece, piece, d[s:s + rows] if d is not None else None)
+    return u, d
+
+
 # ----------------------------------------------------------------------------- kernels
 def _on_gpu(x):
     return array_module(x).__name__ == "cupy"
@@ -87,7 +115,8 @@ def _elementwise(kernel, x, want_derivative):
 
 
 def _gelu_tanh(x, y, d):
-    """y = x (1 + tanh(c0 (x + c1 x^3)))/2 and, if d is given, d = dy/dx (see GELU)."""
+    """y = x (1 + tanh(c0 (x + c1 x^3)))/2 and, if d is given, d = dy/dx (see GELU).
+    y may be x itself (x is not read after y is written)."""
     xp = array_module(x)
     x2 = x * x
     t = x2 * (_C0 * _C1)

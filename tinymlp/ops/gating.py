@@ -38,7 +38,6 @@ import numpy as np
 
 from ..autograd import Function
 from ..backend import array_module
-from ..tensor import Tensor
 from . import cuda_kernels
 
 __all__ = ["SpatialGating", "Toeplitz1d", "Toeplitz2d", "spatial_gating", "toeplitz_1d", "toeplitz_2d"]
@@ -76,7 +75,8 @@ def _ln_forward(x, eps):
     e = x.shape[-1]
     mean = _sum_last(x)
     mean /= e
-    xhat = x - mean[..., None]           # a fresh contiguous array (x may be a strided view)
+    xhat = xp.empty(x.shape, dtype=x.dtype)  # C-contiguous, whatever the layout of x (a strided view)
+    xp.subtract(x, mean[..., None], out=xhat)
     var = _row_dot(xhat, xhat)[..., None]
     var /= e
     var += eps
@@ -86,29 +86,31 @@ def _ln_forward(x, eps):
     return xhat, rstd
 
 
-def _ln_backward(gn, xhat, rstd, gamma, out=None):
+def _ln_backward(gn, xhat, rstd, gamma, out=None, overwrite=False):
     """LayerNorm backward. gn = dL/dN with N = gamma * x_hat + beta (gn is overwritten).
 
     With g = gn * gamma (the gradient reaching x_hat):
         dL/dgamma = sum_rows gn * x_hat,   dL/dbeta = sum_rows gn,
         dL/dx     = rstd * (g - mean_c(g) - x_hat * mean_c(g * x_hat)).
-    The row means are mat-vec products with gamma: mean_c(g) = (gn @ gamma) / e.
-    Returns (dL/dx, dL/dgamma, dL/dbeta); dL/dx is written into ``out`` when given (a view
-    of a larger gradient, for instance), the only non-contiguous write.
+    Every sum is one pass with no temporary (a product with a ones vector, ``einsum``,
+    ``vecdot``). Returns (dL/dx, dL/dgamma, dL/dbeta); dL/dx is written into ``out`` when
+    given (a view of a larger gradient, for instance), the only non-contiguous write.
+    ``overwrite``: x_hat may be overwritten (its last use), saving one array of its size.
+    gn and x_hat are contiguous arrays of rows of width e (in any order of the rows).
     """
     if _use_cuda_kernels(gn, xhat, rstd, gamma):  # one kernel per row (+ two column sums)
         return cuda_kernels.layer_norm_backward(gn, xhat, rstd[..., 0], gamma, out=out)
     xp = array_module(gn)
     e = xhat.shape[-1]
-    gx = gn * xhat
-    dgamma, dbeta = _sum_leading(gx), _sum_leading(gn)
-    mean_g = (gn @ gamma)[..., None]
-    mean_gx = (gx @ gamma)[..., None]
+    dgamma = xp.einsum("nc,nc->c", gn.reshape(-1, e), xhat.reshape(-1, e))
+    dbeta = _sum_leading(gn)
+    g = xp.multiply(gn, gamma, out=gn)
+    mean_g = _sum_last(g)[..., None]
+    mean_gx = _row_dot(g, xhat)[..., None]
     mean_g /= e
     mean_gx /= e
-    g = xp.multiply(gn, gamma, out=gn)
     g -= mean_g
-    g -= xp.multiply(xhat, mean_gx, out=gx)
+    g -= xp.multiply(xhat, mean_gx, out=xhat if overwrite else None)
     return xp.multiply(g, rstd, out=out), dgamma, dbeta
 
 
@@ -136,18 +138,28 @@ class SpatialGating(Function):
 
         dL/dA          = G_F
         dL/dbias[i]    = sum_{b,c} G_F[b,i,c]
-        dL/dW[i,j]     = sum_{b,c} G_F[b,i,c] N[b,j,c]   = sum_b G_F[b] @ N[b]^T   (then tril if causal:
-                                                            masked entries never touched the output)
-        G_N[b,j,c]     = sum_i W_eff[i,j] G_F[b,i,c]      = W_eff^T @ G_F[b]
+        dL/dW[i,j]     = sum_{b,c} G_F[b,i,c] N[b,j,c]   (then tril if causal: masked entries
+                                                            never touched the output)
+        G_N[b,j,c]     = sum_i W_eff[i,j] G_F[b,i,c]
 
     and G_N goes through the LayerNorm backward (``_ln_backward``) to dL/du, dL/dgamma, dL/dbeta.
-    ``W_eff @ x_hat`` is one matmul of an (S, S) matrix with a (B, S, e) stack (broadcast over B);
-    BLAS reads ``W_eff^T`` and ``N[b]^T`` as transposed views, so no transposed copy is made.
-    (``sum_b G_F[b] @ N[b]^T`` as a batched product then a sum measured faster than a
-    ``tensordot`` over (b, c), which copies both operands into (S, B*e) layouts.)
 
-    Saved: z, W_eff, gamma, beta, x_hat, rstd and F (when the variant needs it); N is rebuilt
-    from x_hat in backward (one pass) into a buffer that then receives G_N.
+    Layout. Inside the op the arrays are *token-major*: x_hat, F, G_F are (S, B, e), the
+    token axis first. Then the token mixing is ONE matrix product for the whole batch: with
+    X = x_hat seen as an (S, B*e) matrix, W_eff @ X is (S, S) @ (S, B*e), and so are
+    dL/dW = G_F N^T (a sum over b and c at once) and G_N = W_eff^T G_F. In the (B, S, e)
+    layout each of the three is B small products (S, S) @ (S, e), which BLAS runs several
+    times slower, worst with 2 threads. The LayerNorm and the gating are row- or elementwise
+    and do not care about the order of the rows. ``token_axis`` says where the tokens are in
+    z, the gate residual and the output: axis 1, (B, S, .), by default (the op then reads and
+    writes them through transposed views ``zt = z.transpose(1, 0, 2)``, which costs strided
+    passes), or axis 0, (S, B, .), for a model that keeps its activations token-major.
+
+    Saved: what backward reads of z (z1 for "split", copied so that the memory of z2 can be
+    freed; z for "multiplicative"; nothing otherwise), W_eff, gamma, beta, x_hat, rstd and F
+    (when the variant needs it), in the layout of z (views of the token-major arrays). N is
+    rebuilt from x_hat in backward (one pass) into a buffer that then receives G_N; on the last
+    backward G_F takes the memory of F, and the LayerNorm backward that of x_hat.
 
     On CUDA the LayerNorm runs as one kernel per row, and for the split variant F and z1 * F
     (forward) and G * F, G * z1 (backward) are one fused pass each (``cuda_kernels``, tested
@@ -156,87 +168,119 @@ class SpatialGating(Function):
 
     @staticmethod
     def forward(ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
-                eps=1e-5, causal=False, variant="split"):
+                eps=1e-5, causal=False, variant="split", token_axis=1):
         xp = array_module(z)
         dt = z.dtype  # constants of another float dtype are computed in z's dtype
         weight, bias = weight.astype(dt, copy=False), bias.astype(dt, copy=False)
         gamma, beta = norm_weight.astype(dt, copy=False), norm_bias.astype(dt, copy=False)
 
+        tm = _token_major if token_axis == 1 else _same            # (B, S, .) <-> (S, B, .) views
+        zt = tm(z)                                                  # (S, B, 2e or e)
+        S, B, _ = zt.shape
         e = z.shape[-1] // 2 if variant == "split" else z.shape[-1]
-        u = z[..., e:] if variant == "split" else z
+        ut = zt[..., e:] if variant == "split" else zt
         w_eff = xp.tril(weight) if causal else weight
 
-        xhat, rstd = _ln_forward(u, eps)
-        f = w_eff @ xhat                       # (S, S) @ (B, S, e): W_eff applied to every sample
-        shift = _sum_last(w_eff)[:, None] * beta + bias[:, None]     # (S, e), shared by the batch
-        residual = gate_residual.astype(dt, copy=False) if gate_residual is not None else None
+        xhat, rstd = _ln_forward(ut, eps)                           # (S, B, e), contiguous
+        # what backward reads of z: z1 (split), as a contiguous copy so that z2's memory can go
+        # once nothing else holds z; all of z (multiplicative); nothing (additive, linear)
+        kept = None
+        if variant == "split":
+            kept = xp.ascontiguousarray(zt[..., :e])
+        elif variant == "multiplicative":
+            kept = zt
+        f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W_eff @ x_hat: one GEMM
+        shift = _sum_last(w_eff)[:, None] * beta + bias[:, None]    # (S, e), shared by the batch
+        residual = tm(gate_residual.astype(dt, copy=False)) if gate_residual is not None else None
         if variant == "split" and _use_cuda_kernels(z):   # F and z1 * F in one pass on CUDA
-            out = cuda_kernels.sgu_gate_forward(f, gamma, shift, z[..., :e], residual)
+            out = tm(cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual))
         else:
             f *= gamma
-            f += shift
+            f += shift[:, None]
             if residual is not None:
                 f += residual
-            if variant == "split":
-                out = z[..., :e] * f
-            elif variant == "multiplicative":
-                out = z * f
+            out = xp.empty(z.shape[:-1] + (e,), dtype=dt)   # contiguous in z's layout, written
+            out_t = tm(out)                                 # through its token-major view
+            if variant in ("split", "multiplicative"):
+                xp.multiply(kept, f, out=out_t)
             elif variant == "additive":
-                out = z + f
+                xp.add(zt, f, out=out_t)
             else:  # linear
-                out = f
-        ctx.variant, ctx.causal, ctx.e = variant, causal, e
-        ctx.save_for_backward(z, w_eff, gamma, beta, xhat, rstd,
-                              f if variant in ("split", "multiplicative") else None)
+                out_t[...] = f
+        ctx.variant, ctx.causal, ctx.e, ctx.tm = variant, causal, e, tm
+        keep_f = variant in ("split", "multiplicative")   # saved in z's layout (views), like z
+        ctx.save_for_backward(tm(kept) if kept is not None else None, w_eff, gamma, beta,
+                              tm(xhat), tm(rstd), tm(f) if keep_f else None)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        z, w_eff, gamma, beta, xhat, rstd, f = ctx.saved_tensors
+        kept, w_eff, gamma, beta, xhat, rstd, f = ctx.pop_saved()
         need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
         xp = array_module(g)
-        variant, e = ctx.variant, ctx.e
+        variant, e, tm = ctx.variant, ctx.e, ctx.tm
+        last = not ctx.retain_graph       # the saved arrays may then serve as buffers
+        kt, gt = (tm(kept) if kept is not None else None), tm(g)   # token-major views
+        xhat, rstd = tm(xhat), tm(rstd)                             # contiguous again
+        ft = tm(f) if f is not None else None
+        del kept, f
+        S = xhat.shape[0]
 
-        # dL/dF, and the direct term of the outer product (written straight into dL/dz)
-        dz = xp.empty_like(z) if need_z else None
-        if variant == "split" and need_z and _use_cuda_kernels(g, z):   # both products in one pass
-            _, gf = cuda_kernels.sgu_gate_backward(g, f, z[..., :e], dz1=dz[..., :e])
+        # dL/dF (token-major, contiguous), and the direct term of the outer product (written
+        # straight into dL/dz, contiguous in z's layout, through its token-major view)
+        dz = xp.empty(ctx.input_shapes[0], dtype=ctx.input_dtypes[0]) if need_z else None
+        dzt = tm(dz) if need_z else None
+        if variant == "split" and need_z and _use_cuda_kernels(g, kt):   # both products in one pass
+            _, gf = cuda_kernels.sgu_gate_backward(gt, ft, kt, dz1=dzt[..., :e])
         elif variant == "split":
-            gf = g * z[..., :e]
             if need_z:
-                xp.multiply(g, f, out=dz[..., :e])
+                xp.multiply(gt, ft, out=dzt[..., :e])               # dL/dz1 = G * F: F's last use,
+            gf = xp.multiply(gt, kt, out=ft if last else xp.empty_like(xhat))   # so G_F may take its place
         elif variant == "multiplicative":
-            gf = g * z
+            gf = xp.multiply(gt, kt, out=xp.empty_like(xhat))
         else:
-            gf = g
+            gf = xp.ascontiguousarray(gt)
+        del kt
+        gf2 = gf.reshape(S, -1)                                     # G_F as an (S, B*e) matrix
 
-        # the token projection
+        # the token projection: one GEMM each
         dw = db = work = None
         if need_w:
             work = xhat * gamma
-            work += beta                                        # N, rebuilt
-            dw = xp.matmul(gf, work.swapaxes(1, 2)).sum(axis=0)  # sum_b G_F[b] @ N[b]^T
+            work += beta                                            # N, rebuilt
+            dw = gf2 @ work.reshape(S, -1).T                        # G_F N^T: sum over b and c
             if ctx.causal:
                 dw = xp.tril(dw)
         if need_b:
-            db = _sum_last(gf).sum(axis=0)
-        da = gf if need_a else None
+            db = _sum_last(gf2)
+        da = tm(gf) if need_a else None
 
         # back through the LayerNorm to the gate input u
         dgamma = dbeta = None
         if need_z or need_gamma or need_beta:
-            gn = xp.matmul(w_eff.T, gf, out=work)              # W_eff^T @ G_F[b] for every b
+            if work is None:
+                work = xp.empty_like(xhat)
+            gn = xp.matmul(w_eff.T, gf2, out=work.reshape(S, -1)).reshape(xhat.shape)   # W_eff^T G_F
             du = None
             if need_z:
-                du = dz[..., e:] if variant == "split" else dz
-            du, dgamma, dbeta = _ln_backward(gn, xhat, rstd, gamma, out=du)
+                du = dzt[..., e:] if variant == "split" else dzt
+            du, dgamma, dbeta = _ln_backward(gn, xhat, rstd, gamma, out=du, overwrite=last)
             if variant == "multiplicative" and need_z:
-                dz += g * f
+                dzt += gt * ft
             elif variant == "additive" and need_z:
-                dz += g
+                dzt += gt
 
         grads = (dz, dw, db, dgamma, dbeta, da)
-        return tuple(_like(gr, inp) for gr, inp in zip(grads, ctx.inputs))
+        return tuple(_like(gr, dtype) for gr, dtype in zip(grads, ctx.input_dtypes))
+
+
+def _token_major(a):
+    """(B, S, .) <-> (S, B, .): swap the first two axes (a view)."""
+    return a.transpose(1, 0, 2)
+
+
+def _same(a):
+    return a
 
 
 def _use_cuda_kernels(*arrays):
@@ -244,11 +288,11 @@ def _use_cuda_kernels(*arrays):
     return array_module(arrays[0]).__name__ == "cupy" and cuda_kernels.supported(*arrays)
 
 
-def _like(grad, inp):
+def _like(grad, dtype):
     """The gradient in its input's dtype (inputs of another float dtype were cast in forward)."""
-    if grad is None or not isinstance(inp, Tensor) or grad.dtype == inp.dtype:
+    if grad is None or dtype is None or grad.dtype == dtype:
         return grad
-    return grad.astype(inp.dtype)
+    return grad.astype(dtype)
 
 
 # --------------------------------------------------------------------------- Toeplitz weights
@@ -326,19 +370,24 @@ def _shape_error(msg):
 
 
 def spatial_gating(z, weight, bias, norm_weight, norm_bias, eps=1e-5, gate_residual=None,
-                   causal=False, variant="split"):
+                   causal=False, variant="split", token_axis=1):
     """The gMLP spatial gating unit (see ``SpatialGating`` for the formulas).
 
     z (B, S, 2e) for variant "split", else (B, S, e); weight (S, S) (dense, or built by
     ``toeplitz_1d`` / ``toeplitz_2d``); bias (S,); norm_weight, norm_bias (e,);
     gate_residual (B, S, e) or None (aMLP: added to f before the gating product).
-    Returns (B, S, e).
+    Returns (B, S, e). With ``token_axis=0`` z, gate_residual and the result are token-major,
+    (S, B, .) (faster: see ``SpatialGating``).
     """
     if variant not in VARIANTS:
         raise ValueError(f"spatial_gating: unknown variant {variant!r}, expected one of {VARIANTS}")
+    if token_axis not in (0, 1):
+        raise ValueError(f"spatial_gating: token_axis must be 1 (z is (B, S, D)) or 0 (z is (S, B, D)), "
+                         f"got {token_axis!r}")
+    layout = "(batch, tokens, channels)" if token_axis == 1 else "(tokens, batch, channels)"
     if z.ndim != 3:
-        raise _shape_error(f"z must have shape (batch, tokens, channels), got {tuple(z.shape)}")
-    B, S, D = z.shape
+        raise _shape_error(f"z must have shape {layout}, got {tuple(z.shape)}")
+    S, D = (z.shape[1], z.shape[2]) if token_axis == 1 else (z.shape[0], z.shape[2])
     if variant == "split":
         if D % 2:
             raise _shape_error(f'variant "split" needs an even channel count to split z into z1, z2; '
@@ -349,7 +398,7 @@ def spatial_gating(z, weight, bias, norm_weight, norm_bias, eps=1e-5, gate_resid
     expected = {"weight": (S, S), "bias": (S,), "norm_weight": (e,), "norm_bias": (e,)}
     given = {"weight": weight, "bias": bias, "norm_weight": norm_weight, "norm_bias": norm_bias}
     if gate_residual is not None:
-        expected["gate_residual"] = (B, S, e)
+        expected["gate_residual"] = z.shape[:-1] + (e,)
         given["gate_residual"] = gate_residual
     for name, shape in expected.items():
         if tuple(given[name].shape) != shape:
@@ -358,7 +407,7 @@ def spatial_gating(z, weight, bias, norm_weight, norm_bias, eps=1e-5, gate_resid
                 f"for z of shape {tuple(z.shape)} (variant {variant!r}, S={S}, e={e})"
             )
     return SpatialGating.apply(z, weight, bias, norm_weight, norm_bias, gate_residual,
-                               eps=eps, causal=bool(causal), variant=variant)
+                               eps=eps, causal=bool(causal), variant=variant, token_axis=token_axis)
 
 
 def toeplitz_1d(w, seq_len):

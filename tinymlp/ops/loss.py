@@ -93,7 +93,7 @@ class CrossEntropy(Function):
                 dx *= scale
         if need_t:
             dt = ctx.log_p * (-(1 - alpha) * scale)
-            dt = dt.astype(ctx.inputs[1].dtype, copy=False)
+            dt = dt.astype(ctx.input_dtypes[1], copy=False)
         return dx, dt
 
 

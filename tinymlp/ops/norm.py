@@ -55,7 +55,7 @@ class LayerNorm(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x_hat, r, weight = ctx.saved_tensors
+        x_hat, r, weight = ctx.pop_saved()
         need_x, need_w, need_b = ctx.needs_input_grad
         xp = array_module(grad)
         d = x_hat.shape[1]
@@ -65,16 +65,19 @@ class LayerNorm(Function):
                 need_dx=need_x, need_dweight=need_w, need_dbias=need_b and ctx.has_bias,
             )
             return (dx.reshape(grad.shape) if dx is not None else None), dweight, dbias
-        g2 = grad.reshape(-1, d)
-        dweight = xp.einsum("nd,nd->d", g2, x_hat) if need_w else None
-        dbias = xp.einsum("nd->d", g2) if (need_b and ctx.has_bias) else None
+        # grad may be a broadcast view (after a mean): read it as it is, without a copy
+        rows = "abcdefghijklmnopqrstuvwxy"[:grad.ndim - 1]
+        dweight = xp.einsum(f"{rows}z,{rows}z->z", grad, x_hat.reshape(grad.shape)) if need_w else None
+        dbias = xp.einsum(f"{rows}z->z", grad) if (need_b and ctx.has_bias) else None
         dx = None
         if need_x:
-            g = g2 * weight if weight is not None else g2.copy()  # dL/dx_hat (a new array)
+            g = grad * weight if weight is not None else grad.copy()  # dL/dx_hat (a new array)
+            g = g.reshape(-1, d)
             mean_g = xp.einsum("nd->n", g) / d
             mean_gx = xp.einsum("nd,nd->n", g, x_hat) / d
             g -= mean_g[:, None]
-            g -= x_hat * mean_gx[:, None]
+            # x_hat * mean_gx, in x_hat's own memory on the last backward (its last use)
+            g -= xp.multiply(x_hat, mean_gx[:, None], out=None if ctx.retain_graph else x_hat)
             g *= r[:, None]
             dx = g.reshape(grad.shape)
         return dx, dweight, dbias
