@@ -496,3 +496,28 @@ def test_float32_matmul_with_a_float64_array_stays_float32():
     x = tensor(np.ones((2, 3)), requires_grad=True)
     w = np.ones((3, 4))
     assert (x @ w).dtype == np.float32 and (w.T @ x.T).dtype == np.float32
+
+
+def test_backward_takes_an_upstream_gradient_in_the_root_dtype():
+    """A float64 gradient passed to backward() on a float32 result is cast, not blamed on an op."""
+    w = tinymlp.tensor(np.ones((3, 2)), requires_grad=True)
+    y = tinymlp.tensor(np.ones((4, 3))) @ w
+    y.backward(tinymlp.tensor(np.ones((4, 2)), dtype="float64"))
+    assert w.grad.dtype == np.float32 and np.all(w.grad == 4)
+
+
+def test_gradient_mismatch_error_carries_the_facts():
+    class Bad(tinymlp.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.sum(axis=0)
+
+    x = tinymlp.tensor(np.ones((2, 3)), requires_grad=True)
+    with pytest.raises(tinymlp.autograd.GradientMismatchError) as info:
+        Bad.apply(x).sum().backward()
+    err = info.value
+    assert (err.fn, err.index, err.kind, err.got, err.expected) == ("Bad", 0, "shape", (3,), (2, 3))

@@ -39,7 +39,7 @@ import weakref
 from .backend import device_of
 from .tensor import Tensor
 
-__all__ = ["Context", "Function", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
+__all__ = ["Context", "Function", "GradientMismatchError", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
 
 
 class _GradMode(threading.local):
@@ -54,36 +54,34 @@ def is_grad_enabled() -> bool:
     return _grad_mode.enabled
 
 
-class no_grad(contextlib.ContextDecorator):
+class _GradModeContext(contextlib.ContextDecorator):
+    """Sets grad mode to ``enabled`` inside a ``with`` block or a decorated function."""
+
+    enabled: bool
+
+    def __enter__(self):
+        self._prev = _grad_mode.enabled
+        _grad_mode.enabled = self.enabled
+        return self
+
+    def __exit__(self, *exc):
+        _grad_mode.enabled = self._prev
+        return False
+
+    def _recreate_cm(self):  # a fresh instance per decorated call: recursion and threads are safe
+        return type(self)()
+
+
+class no_grad(_GradModeContext):
     """Context manager and decorator in which operations build no graph at all."""
 
-    def __enter__(self):
-        self._prev = _grad_mode.enabled
-        _grad_mode.enabled = False
-        return self
-
-    def __exit__(self, *exc):
-        _grad_mode.enabled = self._prev
-        return False
-
-    def _recreate_cm(self):  # a fresh instance per decorated call: recursion and threads are safe
-        return type(self)()
+    enabled = False
 
 
-class enable_grad(contextlib.ContextDecorator):
+class enable_grad(_GradModeContext):
     """Turn graph recording back on inside a ``no_grad`` region."""
 
-    def __enter__(self):
-        self._prev = _grad_mode.enabled
-        _grad_mode.enabled = True
-        return self
-
-    def __exit__(self, *exc):
-        _grad_mode.enabled = self._prev
-        return False
-
-    def _recreate_cm(self):  # a fresh instance per decorated call: recursion and threads are safe
-        return type(self)()
+    enabled = True
 
 
 def unbroadcast(grad, shape):
@@ -102,6 +100,23 @@ def unbroadcast(grad, shape):
     if stretched:
         grad = grad.sum(axis=stretched, keepdims=True)
     return grad
+
+
+class GradientMismatchError(RuntimeError):
+    """A Function's backward returned a gradient whose shape or dtype is not its input's.
+
+    Attributes (for tools such as gradcheck): ``fn`` (the Function's name), ``index`` (which
+    positional input), ``kind`` ("shape" or "dtype"), ``got`` and ``expected``.
+    """
+
+    def __init__(self, fn, index, kind, got, expected):
+        self.fn, self.index, self.kind, self.got, self.expected = fn, index, kind, got, expected
+        if kind == "shape":
+            text = f"{fn}.backward returned a gradient of shape {got} for an input of shape {expected}"
+        else:
+            text = (f"{fn}.backward returned a {got} gradient for a {expected} input "
+                    "(an accidental upcast? keep constants in the input's dtype)")
+        super().__init__(text)
 
 
 class Context:
@@ -214,7 +229,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             )
         grad = xp.ones_like(root.data)
     else:
-        grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=root.dtype)
+        grad = xp.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.dtype)
         if grad.shape != root.shape:
             raise RuntimeError(f"backward(): gradient of shape {grad.shape} for an output of shape {root.shape}")
 
@@ -245,15 +260,9 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             ig = in_grads[i]
             shape, dtype = node.input_shapes[i], node.input_dtypes[i]
             if ig.shape != shape:
-                raise RuntimeError(
-                    f"{node.fn.__name__}.backward returned a gradient of shape {tuple(ig.shape)} "
-                    f"for an input of shape {shape}"
-                )
+                raise GradientMismatchError(node.fn.__name__, i, "shape", tuple(ig.shape), tuple(shape))
             if ig.dtype != dtype:
-                raise RuntimeError(
-                    f"{node.fn.__name__}.backward returned a {ig.dtype} gradient for a {dtype} input "
-                    "(an accidental upcast? keep constants in the input's dtype)"
-                )
+                raise GradientMismatchError(node.fn.__name__, i, "dtype", str(ig.dtype), str(dtype))
             key = id(parent)
             prev = grads.get(key)
             grads[key] = ig if prev is None else prev + ig

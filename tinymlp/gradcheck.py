@@ -72,12 +72,11 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .autograd import enable_grad, no_grad
+from .autograd import GradientMismatchError, enable_grad, no_grad
 from .backend import device_of, is_float_dtype, to_device
 from .tensor import Tensor
 
@@ -736,24 +735,11 @@ def _dimension_sizes(run, outputs):
 # =============================================================================== 3. the backward
 
 
-# The engine's messages when a backward returns a gradient of the wrong shape or dtype.
-_SHAPE_ERROR = re.compile(
-    r"(\w+)\.backward returned a gradient of shape \(([^)]*)\) for an input of shape \(([^)]*)\)"
-)
-_DTYPE_ERROR = re.compile(r"(\w+)\.backward returned a (\w+) gradient for a (\w+) input")
-
-
 def _engine_error(err):
-    """The engine's own complaint about a backward's result, parsed; None for anything else."""
-    text = str(err)
-    m = _SHAPE_ERROR.search(text)
-    if m:
-        got, want = (tuple(int(s) for s in g.replace(" ", "").split(",") if s) for g in m.group(2, 3))
-        return {"kind": "shape", "fn": m.group(1), "got": got, "want": want, "text": text}
-    m = _DTYPE_ERROR.search(text)
-    if m:
-        return {"kind": "dtype", "fn": m.group(1), "got": m.group(2), "want": m.group(3), "text": text}
-    return None
+    """The engine's own complaint about a backward's result, as a dict; None for anything else."""
+    if not isinstance(err, GradientMismatchError):
+        return None
+    return {"kind": err.kind, "fn": err.fn, "got": err.got, "want": err.expected, "text": str(err)}
 
 
 def _backward_once(run, checked, upstream):
