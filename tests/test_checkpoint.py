@@ -10,7 +10,7 @@ import pytest
 import tinymlp
 from tinymlp import checkpoint
 from tinymlp.checkpoint import CheckpointError, generator_state, load, read_meta, restore_generator, save
-from tinymlp.nn import Module, Parameter
+from tinymlp.nn import Module, Parameter, StateDictError
 from tinymlp.optim import SGD, AdamW, WarmupLinear, clip_grad_norm, param_groups
 
 
@@ -187,6 +187,8 @@ def test_loading_a_different_architecture_lists_the_mismatches(tmp_path):
     assert "body.weight: checkpoint (4, 8), model (4, 6)" in msg
     assert "head.weight: checkpoint (8, 3), model (6, 3)" in msg
     assert set(info.value.missing) == {"extra.weight", "extra.bias"}
+    assert isinstance(info.value, StateDictError)  # the error of Module.load_state_dict, too
+    assert ("head.weight", (6, 3), (8, 3)) in info.value.mismatched
     for k, v in params_of(model).items():
         assert np.array_equal(v, before[k])  # nothing was loaded
 

@@ -107,6 +107,9 @@ def test_load_state_dict_lists_every_mismatch():
     state["fc2.weight"] = np.zeros((2, 5))
     before = m.fc1.weight.numpy().copy()
     state["fc1.weight"] = np.zeros((3, 5))
+    missing, unexpected, mismatched = m.state_mismatches(state)
+    assert (sorted(missing), unexpected) == (["fc1.bias", "scale"], ["fc3.weight"])
+    assert mismatched == [("fc2.weight", (5, 2), (2, 5))]   # (key, model shape, state shape)
     with pytest.raises(nn.StateDictError) as info:
         m.load_state_dict(state)
     msg = str(info.value)

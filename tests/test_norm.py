@@ -102,11 +102,10 @@ class DroppedTerm(LayerNorm):
 
     @staticmethod
     def backward(ctx, grad):
-        x_hat, r, weight = ctx.saved_tensors
+        x_hat, r, weight = ctx.saved_tensors          # x_hat (..., D), r (..., 1)
+        dropped = r * x_hat * (grad * weight * x_hat).mean(axis=-1, keepdims=True)
         dx, dweight, dbias = LayerNorm.backward(ctx, grad)
-        g = (grad * weight).reshape(x_hat.shape)
-        mean_gx = (g * x_hat).mean(axis=1, keepdims=True)
-        return dx + (r[:, None] * x_hat * mean_gx).reshape(dx.shape), dweight, dbias
+        return dx + dropped, dweight, dbias
 
 
 def test_dropped_term_is_caught():

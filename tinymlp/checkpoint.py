@@ -33,8 +33,10 @@ import tempfile
 import numpy as np
 
 from .backend import to_device
+from .nn.module import StateDictError
 
-__all__ = ["CheckpointError", "generator_state", "load", "read_meta", "restore_generator", "save"]
+__all__ = ["CheckpointError", "CheckpointMismatchError", "generator_state", "load", "read_meta",
+           "restore_generator", "save"]
 
 FORMAT = "tinymlp-checkpoint"
 VERSION = 1
@@ -43,6 +45,11 @@ HEADER = "__header__"
 
 class CheckpointError(RuntimeError):
     """A file that is not a tinymlp checkpoint, or that does not fit what it is loaded into."""
+
+
+class CheckpointMismatchError(CheckpointError, StateDictError):
+    """A checkpoint of another architecture: the message and the ``missing``, ``unexpected``
+    and ``mismatched`` keys of ``StateDictError`` (``Module.load_state_dict``'s own error)."""
 
 
 # ---------------------------------------------------------------------- random generators
@@ -128,8 +135,7 @@ def _decode(obj, npz):
 # ---------------------------------------------------------------------- saving
 def save(path, model, optimizer=None, scheduler=None, **meta) -> None:
     """Write ``model`` (and ``optimizer``, ``scheduler``, keyword metadata) to ``path``, atomically."""
-    arrays = {f"model/{name}": np.array(to_device(value, "cpu"), copy=True)
-              for name, value in model.state_dict().items()}
+    arrays = {f"model/{name}": value for name, value in model.state_dict().items()}  # host copies
     header = {"format": FORMAT, "version": VERSION, "model": type(model).__name__,
               "meta": _encode(meta, "meta", arrays)}
     if optimizer is not None:
@@ -212,7 +218,10 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
             sched_state = _decode(header["sched"], npz)
         meta = _decode(header["meta"], npz)
 
-    _check_model(path, header, model, state)
+    missing, unexpected, mismatched = model.state_mismatches(state)
+    if missing or unexpected or mismatched:
+        raise CheckpointMismatchError(type(model).__name__, missing, unexpected, mismatched,
+                                      source="checkpoint", where=f"{path} (saved from {header.get('model')}): ")
     if optimizer is not None:
         try:
             optimizer._check_state_dict(optim_state)
@@ -232,26 +241,3 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     if scheduler is not None:
         scheduler.load_state_dict(sched_state)
     return meta
-
-
-def _check_model(path, header, model, state):
-    """Compare names and shapes with the model's own; list every difference at once."""
-    own = {k: tuple(np.shape(v)) for k, v in model.state_dict().items()}
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    wrong = [(k, tuple(state[k].shape), own[k]) for k in own if k in state and tuple(state[k].shape) != own[k]]
-    if not (missing or unexpected or wrong):
-        return
-    lines = [f"{path} (saved from {header.get('model')}) does not fit this {type(model).__name__}:"]
-    if missing:
-        lines.append(f"  missing keys (in the model, not in the checkpoint): {len(missing)}")
-        lines += [f"    {k}" for k in missing]
-    if unexpected:
-        lines.append(f"  unexpected keys (in the checkpoint, not in the model): {len(unexpected)}")
-        lines += [f"    {k}" for k in unexpected]
-    if wrong:
-        lines.append(f"  wrongly shaped keys: {len(wrong)}")
-        lines += [f"    {k}: checkpoint {s}, model {m}" for k, s, m in wrong]
-    err = CheckpointError("\n".join(lines))
-    err.missing, err.unexpected, err.mismatched = missing, unexpected, wrong
-    raise err

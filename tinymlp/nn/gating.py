@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from ..ops.gating import VARIANTS
 from . import init
 from .layers import LayerNorm
 from .module import Module, Parameter
 
 __all__ = ["SpatialGatingUnit"]
-
-_VARIANTS = ("split", "linear", "additive", "multiplicative")
 
 
 class SpatialGatingUnit(Module):
@@ -40,8 +39,8 @@ class SpatialGatingUnit(Module):
                  grid=None, eps: float = 1e-5, rng=None):
         super().__init__()
         rng = init.as_rng(rng)
-        if variant not in _VARIANTS:
-            raise ValueError(f"SpatialGatingUnit: unknown variant {variant!r}, expected one of {_VARIANTS}")
+        if variant not in VARIANTS:
+            raise ValueError(f"SpatialGatingUnit: unknown variant {variant!r}, expected one of {VARIANTS}")
         if variant == "split" and dim % 2:
             raise ValueError(f'SpatialGatingUnit: variant "split" needs an even dim (z = [z1, z2]), got {dim}')
         if toeplitz is False:

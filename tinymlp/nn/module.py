@@ -57,22 +57,24 @@ class StateDictError(RuntimeError):
     """A state dict that does not fit the module; lists every mismatch at once.
 
     Attributes: ``missing`` (keys the module has and the state lacks), ``unexpected`` (keys
-    the state has and the module lacks), ``mismatched`` (``(key, module_shape, state_shape)``).
+    the state has and the module lacks), ``mismatched`` (``(key, module_shape, state_shape)``),
+    as returned by ``Module.state_mismatches``. The message names the module's class
+    (``model``) and the state (``source``, e.g. "state dict" or "checkpoint"), after ``where``.
     """
 
-    def __init__(self, owner: str, missing, unexpected, mismatched):
+    def __init__(self, model: str, missing, unexpected, mismatched, source: str = "state dict", where: str = ""):
         self.missing, self.unexpected, self.mismatched = list(missing), list(unexpected), list(mismatched)
         n = len(self.missing) + len(self.unexpected) + len(self.mismatched)
-        lines = [f"{owner}.load_state_dict: the state does not fit the model ({n} problem{'s' * (n != 1)})"]
+        lines = [f"{where}the {source} does not fit this {model} ({n} problem{'s' * (n != 1)}):"]
         if self.missing:
-            lines.append(f"  missing keys (in the model, not in the state): {len(self.missing)}")
+            lines.append(f"  missing keys (in the model, not in the {source}): {len(self.missing)}")
             lines += [f"    {k}" for k in self.missing]
         if self.unexpected:
-            lines.append(f"  unexpected keys (in the state, not in the model): {len(self.unexpected)}")
+            lines.append(f"  unexpected keys (in the {source}, not in the model): {len(self.unexpected)}")
             lines += [f"    {k}" for k in self.unexpected]
         if self.mismatched:
             lines.append(f"  wrongly shaped keys: {len(self.mismatched)}")
-            lines += [f"    {k}: model {m}, state {s}" for k, m, s in self.mismatched]
+            lines += [f"    {k}: {source} {s}, model {m}" for k, m, s in self.mismatched]
         super().__init__("\n".join(lines))
 
 
@@ -281,6 +283,19 @@ class Module:
         """Dotted name -> NumPy *copy* of each parameter and persistent buffer."""
         return OrderedDict((k, np.array(to_device(t.data, "cpu"), copy=True)) for k, t in self._state_tensors().items())
 
+    def state_mismatches(self, state) -> tuple[list, list, list]:
+        """How ``state`` (name -> array or Tensor) differs from this module's state dict, from
+        names and shapes alone (nothing is copied): ``(missing, unexpected, mismatched)``, the
+        keys only the module has, the keys only ``state`` has, and ``(key, module_shape,
+        state_shape)`` for each key whose shapes differ. All three empty: ``state`` fits."""
+        own = self._state_tensors()
+        shapes = {k: tuple(np.shape(_raw(v))) for k, v in state.items()}
+        missing = [k for k in own if k not in shapes]
+        unexpected = [k for k in shapes if k not in own]
+        mismatched = [(k, tuple(t.shape), shapes[k]) for k, t in own.items()
+                      if k in shapes and shapes[k] != tuple(t.shape)]
+        return missing, unexpected, mismatched
+
     def load_state_dict(self, state, strict: bool = True) -> LoadResult:
         """Copy ``state`` (name -> array or Tensor) into the parameters and buffers, in place.
 
@@ -288,17 +303,10 @@ class Module:
         ``strict=True`` any missing or unexpected key, raises a ``StateDictError`` that lists
         all of them. Values are cast to each parameter's dtype and moved to its device.
         """
-        own = self._state_tensors()
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
-        mismatched = [
-            (k, tuple(t.shape), tuple(np.shape(_raw(state[k]))))
-            for k, t in own.items()
-            if k in state and tuple(np.shape(_raw(state[k]))) != tuple(t.shape)
-        ]
+        missing, unexpected, mismatched = self.state_mismatches(state)
         if mismatched or (strict and (missing or unexpected)):
             raise StateDictError(type(self).__name__, missing, unexpected, mismatched)
-        for k, t in own.items():
+        for k, t in self._state_tensors().items():
             if k in state:
                 value = to_device(_raw(state[k]), t.device)
                 t.data[...] = value.astype(t.dtype, copy=False)

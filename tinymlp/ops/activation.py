@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..autograd import Function
 from ..backend import array_module
 from . import cuda_kernels
@@ -46,7 +48,7 @@ class GELU(Function):
     @staticmethod
     def forward(ctx, x, approximate=True):
         want = ctx.needs_input_grad[0]
-        if approximate and _on_gpu(x) and cuda_kernels.supported(x):
+        if approximate and cuda_kernels.applies(x):
             y, dydx = cuda_kernels.gelu_tanh_forward(x, want_derivative=want)
         else:
             kernel = _gelu_tanh if approximate else _gelu_erf
@@ -78,7 +80,7 @@ def gelu_epilogue(u, bias=None, want_derivative=True):
     Tested against ``gelu(linear(...))`` in tests/test_fast_paths.py.
     """
     xp = array_module(u)
-    if _on_gpu(u) and cuda_kernels.supported(u):   # one fused kernel; y is a new array
+    if cuda_kernels.applies(u):   # one fused kernel; y is a new array
         if bias is not None:
             u += bias
         return cuda_kernels.gelu_tanh_forward(u, want_derivative=want_derivative)
@@ -94,16 +96,12 @@ def gelu_epilogue(u, bias=None, want_derivative=True):
 
 
 # ----------------------------------------------------------------------------- kernels
-def _on_gpu(x):
-    return array_module(x).__name__ == "cupy"
-
-
 def _elementwise(kernel, x, want_derivative):
     """Run ``kernel(x, y, d)`` (writing y = f(x) and d = f'(x)) over ``x``; chunked on the CPU."""
     xp = array_module(x)
     y = xp.empty(x.shape, dtype=x.dtype)
     d = xp.empty(x.shape, dtype=x.dtype) if want_derivative else None
-    if _on_gpu(x) or x.size <= _CHUNK:
+    if array_module(x) is not np or x.size <= _CHUNK:
         kernel(x, y, d)
         return y, d
     xf, yf = x.reshape(-1), y.reshape(-1)  # y is fresh, so reshape is a view

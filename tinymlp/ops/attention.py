@@ -40,7 +40,7 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        if ctx.axis in (-1, p.ndim - 1) and _use_cuda_kernels(p, grad):
+        if ctx.axis in (-1, p.ndim - 1) and cuda_kernels.applies(p, grad):
             return cuda_kernels.softmax_backward(p, grad)  # one kernel per row on CUDA
         dot = (grad * p).sum(axis=ctx.axis, keepdims=True)
         dx = grad - dot
@@ -145,7 +145,7 @@ class Attention(Function):
         dq = dk = None
         if need_q or need_k:
             ds = grad @ v.swapaxes(-1, -2)  # dL/dP
-            if ds.shape == p.shape and _use_cuda_kernels(p, ds):
+            if ds.shape == p.shape and cuda_kernels.applies(p, ds):
                 ds = cuda_kernels.softmax_backward(p, ds, out=ds)  # dL/dS, one kernel on CUDA
             else:
                 ds -= xp.einsum("...nm,...nm->...n", ds, p)[..., None]
@@ -156,10 +156,6 @@ class Attention(Function):
             dq = unbroadcast(ds @ k, q.shape) if need_q else None
             dk = unbroadcast(ds.swapaxes(-1, -2) @ q, k.shape) if need_k else None
         return dq, dk, dv
-
-
-def _use_cuda_kernels(*arrays):
-    return array_module(arrays[0]).__name__ == "cupy" and cuda_kernels.supported(*arrays)
 
 
 def _check_shapes(q, k, v, mask):

@@ -15,7 +15,7 @@ against that reference (float32 and float64, odd widths, one row, one token).
     GELU backward                      gelu_backward(g, dydx)          none needed: g * dydx is one
                                                                          CuPy multiply (one kernel)
     LayerNorm forward (norm.py,        layer_norm_forward(x, w, b, eps) RawKernel, one thread block
-      and the SGU's LN in gating.py)     -> (y, xhat, rstd)              per row: mean, variance and
+      also for the SGU in gating.py)     -> (y, xhat, rstd)              per row: mean, variance and
                                        layer_norm_normalize(x, eps)      the output in one launch
                                          -> (xhat, rstd)
     LayerNorm backward                 layer_norm_backward(g, xhat,     RawKernel per row (dx) +
@@ -30,7 +30,8 @@ against that reference (float32 and float64, odd widths, one row, one token).
 Matrix products are not here: they go to cuBLAS through ``xp.matmul`` in the ops themselves.
 
 Conventions. Every function takes and returns CuPy arrays of one dtype, float32 or float64
-(``supported(x)`` says whether an array qualifies); nothing is cast. Rows are the last axis:
+(``supported(x)`` says whether an array qualifies; ``applies(*arrays)``, whether an op should
+call the kernels at all); nothing is cast. Rows are the last axis:
 "row-wise" kernels treat an array (..., D) as rows of width D. CuPy is imported on first use
 (``_cupy()``), never when this module is imported, and every kernel is compiled once per dtype
 and cached (CuPy also keeps the binaries in ``~/.cupy/kernel_cache``).
@@ -49,8 +50,10 @@ import math
 
 import numpy as np
 
+from ..backend import array_module
+
 __all__ = [
-    "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
+    "applies", "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
     "layer_norm_normalize", "sgu_gate_backward", "sgu_gate_forward", "softmax_backward", "supported",
 ]
 
@@ -65,6 +68,12 @@ def _cupy():
     import cupy  # deliberately lazy: this module must import without CuPy
 
     return cupy
+
+
+def applies(*arrays) -> bool:
+    """Whether an op should call the kernels here: the first array is a CuPy array and all of
+    them are ``supported`` (later None entries are skipped). NumPy arrays give False."""
+    return array_module(arrays[0]).__name__ == "cupy" and supported(*arrays)
 
 
 def supported(*arrays) -> bool:

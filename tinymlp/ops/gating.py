@@ -25,9 +25,8 @@ are separate Functions (``Toeplitz1d``, ``Toeplitz2d``) that *build* ``W`` from 
 parameters: their backward (a sum along diagonals) is distinct and composes with the SGU
 through autograd.
 
-The LayerNorm math is written privately below (``_ln_forward`` / ``_ln_backward`` on raw
-arrays, the efficient form of MODELS.md section 6.3), so that the fused op owns its whole
-forward and backward.
+The LayerNorm math is that of norm.py on plain arrays (``normalize``, ``layer_norm_backward``),
+called inside the fused op, which so owns its whole forward and backward.
 """
 
 from __future__ import annotations
@@ -39,79 +38,11 @@ import numpy as np
 from ..autograd import Function
 from ..backend import array_module
 from . import cuda_kernels
+from .norm import layer_norm_backward, normalize, row_sum
 
 __all__ = ["SpatialGating", "Toeplitz1d", "Toeplitz2d", "spatial_gating", "toeplitz_1d", "toeplitz_2d"]
 
 VARIANTS = ("split", "linear", "additive", "multiplicative")
-
-
-# --------------------------------------------------------------------------- LayerNorm on arrays
-# Row and column sums are mat-vec products with a ones vector: BLAS does them several times
-# faster than ``x.sum(axis)`` on the (batch, tokens, channels) arrays of a training step.
-def _sum_last(x):
-    """sum over the last axis, shape x.shape[:-1]."""
-    return x @ array_module(x).ones(x.shape[-1], dtype=x.dtype)
-
-
-def _sum_leading(x):
-    """sum over every axis but the last, shape (x.shape[-1],) (x contiguous)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return array_module(x).ones(rows.shape[0], dtype=x.dtype) @ rows
-
-
-def _row_dot(a, b):
-    """sum_c a[..., c] * b[..., c] without a temporary (vecdot where the array module has it)."""
-    xp = array_module(a)
-    vecdot = getattr(xp, "vecdot", None)
-    return vecdot(a, b) if vecdot is not None else xp.einsum("...c,...c->...", a, b)
-
-
-def _ln_forward(x, eps):
-    """x_hat = (x - mean) * rstd over the last axis; returns (x_hat, rstd[..., None])."""
-    xp = array_module(x)
-    if _use_cuda_kernels(x):  # one kernel per row, reading a strided half of z in place
-        xhat, rstd = cuda_kernels.layer_norm_normalize(x, eps)
-        return xhat, rstd[..., None]
-    e = x.shape[-1]
-    mean = _sum_last(x)
-    mean /= e
-    xhat = xp.empty(x.shape, dtype=x.dtype)  # C-contiguous, whatever the layout of x (a strided view)
-    xp.subtract(x, mean[..., None], out=xhat)
-    var = _row_dot(xhat, xhat)[..., None]
-    var /= e
-    var += eps
-    rstd = xp.sqrt(var, out=var)
-    rstd = xp.divide(1, rstd, out=rstd)
-    xhat *= rstd
-    return xhat, rstd
-
-
-def _ln_backward(gn, xhat, rstd, gamma, out=None, overwrite=False):
-    """LayerNorm backward. gn = dL/dN with N = gamma * x_hat + beta (gn is overwritten).
-
-    With g = gn * gamma (the gradient reaching x_hat):
-        dL/dgamma = sum_rows gn * x_hat,   dL/dbeta = sum_rows gn,
-        dL/dx     = rstd * (g - mean_c(g) - x_hat * mean_c(g * x_hat)).
-    Every sum is one pass with no temporary (a product with a ones vector, ``einsum``,
-    ``vecdot``). Returns (dL/dx, dL/dgamma, dL/dbeta); dL/dx is written into ``out`` when
-    given (a view of a larger gradient, for instance), the only non-contiguous write.
-    ``overwrite``: x_hat may be overwritten (its last use), saving one array of its size.
-    gn and x_hat are contiguous arrays of rows of width e (in any order of the rows).
-    """
-    if _use_cuda_kernels(gn, xhat, rstd, gamma):  # one kernel per row (+ two column sums)
-        return cuda_kernels.layer_norm_backward(gn, xhat, rstd[..., 0], gamma, out=out)
-    xp = array_module(gn)
-    e = xhat.shape[-1]
-    dgamma = xp.einsum("nc,nc->c", gn.reshape(-1, e), xhat.reshape(-1, e))
-    dbeta = _sum_leading(gn)
-    g = xp.multiply(gn, gamma, out=gn)
-    mean_g = _sum_last(g)[..., None]
-    mean_gx = _row_dot(g, xhat)[..., None]
-    mean_g /= e
-    mean_gx /= e
-    g -= mean_g
-    g -= xp.multiply(xhat, mean_gx, out=xhat if overwrite else None)
-    return xp.multiply(g, rstd, out=out), dgamma, dbeta
 
 
 # --------------------------------------------------------------------------- the SGU
@@ -142,7 +73,7 @@ class SpatialGating(Function):
                                                             never touched the output)
         G_N[b,j,c]     = sum_i W_eff[i,j] G_F[b,i,c]
 
-    and G_N goes through the LayerNorm backward (``_ln_backward``) to dL/du, dL/dgamma, dL/dbeta.
+    and G_N goes through the LayerNorm backward (``layer_norm_backward``) to dL/du, dL/dgamma, dL/dbeta.
 
     Layout. Inside the op the arrays are *token-major*: x_hat, F, G_F are (S, B, e), the
     token axis first. Then the token mixing is ONE matrix product for the whole batch: with
@@ -181,7 +112,7 @@ class SpatialGating(Function):
         ut = zt[..., e:] if variant == "split" else zt
         w_eff = xp.tril(weight) if causal else weight
 
-        xhat, rstd = _ln_forward(ut, eps)                           # (S, B, e), contiguous
+        xhat, rstd = normalize(ut, eps)                             # (S, B, e), contiguous
         # what backward reads of z: z1 (split), as a contiguous copy so that z2's memory can go
         # once nothing else holds z; all of z (multiplicative); nothing (additive, linear)
         kept = None
@@ -190,9 +121,9 @@ class SpatialGating(Function):
         elif variant == "multiplicative":
             kept = zt
         f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W_eff @ x_hat: one GEMM
-        shift = _sum_last(w_eff)[:, None] * beta + bias[:, None]    # (S, e), shared by the batch
+        shift = row_sum(w_eff)[:, None] * beta + bias[:, None]      # (S, e), shared by the batch
         residual = tm(gate_residual.astype(dt, copy=False)) if gate_residual is not None else None
-        if variant == "split" and _use_cuda_kernels(z):   # F and z1 * F in one pass on CUDA
+        if variant == "split" and cuda_kernels.applies(z):   # F and z1 * F in one pass on CUDA
             out = tm(cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual))
         else:
             f *= gamma
@@ -230,7 +161,7 @@ class SpatialGating(Function):
         # straight into dL/dz, contiguous in z's layout, through its token-major view)
         dz = xp.empty(ctx.input_shapes[0], dtype=ctx.input_dtypes[0]) if need_z else None
         dzt = tm(dz) if need_z else None
-        if variant == "split" and need_z and _use_cuda_kernels(g, kt):   # both products in one pass
+        if variant == "split" and need_z and cuda_kernels.applies(g, kt):   # both products in one pass
             _, gf = cuda_kernels.sgu_gate_backward(gt, ft, kt, dz1=dzt[..., :e])
         elif variant == "split":
             if need_z:
@@ -252,7 +183,7 @@ class SpatialGating(Function):
             if ctx.causal:
                 dw = xp.tril(dw)
         if need_b:
-            db = _sum_last(gf2)
+            db = row_sum(gf2)
         da = tm(gf) if need_a else None
 
         # back through the LayerNorm to the gate input u
@@ -261,10 +192,10 @@ class SpatialGating(Function):
             if work is None:
                 work = xp.empty_like(xhat)
             gn = xp.matmul(w_eff.T, gf2, out=work.reshape(S, -1)).reshape(xhat.shape)   # W_eff^T G_F
-            du = None
-            if need_z:
-                du = dzt[..., e:] if variant == "split" else dzt
-            du, dgamma, dbeta = _ln_backward(gn, xhat, rstd, gamma, out=du, overwrite=last)
+            du = (dzt[..., e:] if variant == "split" else dzt) if need_z else None
+            du, dgamma, dbeta = layer_norm_backward(
+                gn, xhat, rstd, gamma, out=du, need_dx=need_z, need_dweight=need_gamma, need_dbias=need_beta,
+                overwrite_g=True, overwrite_xhat=last)
             if variant == "multiplicative" and need_z:
                 dzt += gt * ft
             elif variant == "additive" and need_z:
@@ -281,11 +212,6 @@ def _token_major(a):
 
 def _same(a):
     return a
-
-
-def _use_cuda_kernels(*arrays):
-    """CuPy arrays of one float dtype: the fused kernels of ``cuda_kernels`` apply."""
-    return array_module(arrays[0]).__name__ == "cupy" and cuda_kernels.supported(*arrays)
 
 
 def _like(grad, dtype):
