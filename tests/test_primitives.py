@@ -459,3 +459,14 @@ def test_astype_gradient_comes_back_in_the_input_dtype(device, src, dst):
 def test_astype_in_a_float64_chain(device, shape, seed):
     x = leaf(normal(np.random.default_rng(seed), shape), device)
     gradcheck(lambda x: tinymlp.astype(x, "float64") * x.astype(np.float64), (x,), seed=seed)
+
+
+def test_getitem_function_sums_gradients_of_repeated_indices():
+    """GetItem directly: row 1 picked three times gets three times the upstream gradient."""
+    from tinymlp.ops.shape import GetItem
+
+    x = tinymlp.tensor(np.random.default_rng(0).normal(size=(4, 3)), dtype="float64", requires_grad=True)
+    index = np.array([1, 3, 1, 1])
+    gradcheck(lambda t: GetItem.apply(t, index), (x,))
+    GetItem.apply(x, index).sum().backward()
+    np.testing.assert_array_equal(x.grad, [[0, 0, 0], [3, 3, 3], [0, 0, 0], [1, 1, 1]])
