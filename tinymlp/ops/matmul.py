@@ -33,5 +33,10 @@ class MatMul(Function):
         if a.ndim == 1:  # restore the row axis
             g = g.reshape(g.shape[:-1] + (1, g.shape[-1]))
         grad_a = unbroadcast(g @ _mT(b2), a2.shape).reshape(a.shape) if da else None
-        grad_b = unbroadcast(_mT(a2) @ g, b2.shape).reshape(b.shape) if db else None
+        if db and b2.ndim == 2 and a2.ndim > 2:
+            # one matrix shared by a batch: sum_batch a^T g is ONE product of the flattened batch,
+            # not a stack of products summed afterwards
+            grad_b = (a2.reshape(-1, a2.shape[-1]).T @ g.reshape(-1, g.shape[-1])).reshape(b.shape)
+        else:
+            grad_b = unbroadcast(_mT(a2) @ g, b2.shape).reshape(b.shape) if db else None
         return grad_a, grad_b
