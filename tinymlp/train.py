@@ -5,7 +5,7 @@
     test_loss, test_acc = evaluate(model, test_loader)
     history.to_dict()           # JSON-able: metrics.json, or a checkpoint's metadata
 
-One training step is the usual five lines: forward, loss, ``zero_grad``, ``backward``,
+One training step is the usual few lines: forward, loss, ``zero_grad``, ``backward``,
 optional gradient clipping, ``optimizer.step()``, ``scheduler.step()``.
 
 No waiting for the GPU. On CUDA every array operation is queued and the host runs ahead;
