@@ -65,6 +65,13 @@ both errors, then up to three lines:
   ten times larger and smaller; if it does not move, the analytical gradient is wrong.
 
 The last line is the call that reproduces the check (everything is seeded by ``seed``).
+
+Where things are
+----------------
+This file follows the method in order: 1. what to check (names, float64 copies), 2. the
+forward (determinism, dtype, the noise floor), 3. the backward (analytical gradients),
+4. the numerics (central differences), 5. the comparison. The ``pattern`` and ``likely`` lines
+come from ``gradcheck_diagnose.py``; the report's classes and its text from ``gradcheck_report.py``.
 """
 
 from __future__ import annotations
@@ -72,12 +79,17 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .autograd import GradientMismatchError, enable_grad, no_grad
 from .backend import device_of, is_float_dtype, to_device
+from .gradcheck_diagnose import diagnose, dimension_sizes, explain_engine_error
+from .gradcheck_report import (
+    FAIL, HINT_KINDS, NONDIFF, PASS, PROBLEM_KINDS, UNVERIFIED,  # noqa: F401 (re-exported)
+    ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult,
+)
 from .tensor import Tensor
 
 __all__ = [
@@ -90,17 +102,6 @@ __all__ = [
     "numerical_grad",
 ]
 
-HINT_KINDS = (
-    "sign", "factor2", "half", "mean_vs_sum", "scale_sqrt_d", "transpose", "broadcast_not_summed",
-    "no_gradient", "upstream_ignored", "kink", "partial_branch", "boundary", "nan", "wrong_shape",
-)
-"""The values ``TensorResult.hint_kind`` can take (besides None)."""
-
-PROBLEM_KINDS = (
-    "nondeterministic", "mutated_input", "downcast", "unpromoted_tensor", "not_restored", "no_output",
-)
-"""Problems with the forward function as a whole, found before any gradient is compared."""
-
 # Per check dtype: (eps, rtol, atol floor).  See the module docstring for the noise floor.
 _DEFAULTS = {
     np.dtype(np.float64): (1e-6, 1e-4, 1e-6),
@@ -108,142 +109,9 @@ _DEFAULTS = {
     np.dtype(np.float16): (1e-2, 5e-2, 1e-2),
 }
 _FULL_FALLBACK_LIMIT = 50_000  # a failing sampled tensor up to this size is re-checked in full
-_PASS, _FAIL, _UNVERIFIED, _NONDIFF = "PASS", "FAIL", "UNVERIFIED", "NONDIFF"
 
 
-# =============================================================================== results
-
-
-@dataclass
-class ElementCheck:
-    """One compared value: an element ``index`` (a tuple) or a random direction ("dir 2")."""
-
-    index: object
-    numerical: float
-    analytical: float
-    abs_err: float
-    rel_err: float
-    status: str  # "PASS", "FAIL", "UNVERIFIED" or "NONDIFF"
-
-    def where(self, name):
-        if isinstance(self.index, str):
-            return f"{name} {self.index}"
-        return f"{name}[{', '.join(str(int(i)) for i in self.index)}]"
-
-
-@dataclass
-class TensorResult:
-    """The verdict on one checked tensor (an input or a parameter)."""
-
-    name: str
-    kind: str  # "input" or "param"
-    shape: tuple
-    dtype: str  # the tensor's own dtype (the check ran on a copy in the check dtype)
-    mode: str = "full"
-    checked: int = 0
-    n_fail: int = 0
-    n_unverified: int = 0
-    n_nondiff: int = 0
-    max_abs_err: float = 0.0
-    max_rel_err: float = 0.0
-    verdict: str = "ok"  # "ok", "FAIL", "INCONCLUSIVE" or "NONDIFF"
-    hint: str | None = None  # the "likely" line: the bug that usually produces the pattern
-    hint_kind: str | None = None  # one of HINT_KINDS, or None
-    pattern: str | None = None
-    trust: str | None = None
-    error: str | None = None  # an error raised by the engine during this tensor's backward
-    worst: list = field(default_factory=list)  # the worst ElementChecks, worst first
-    numerical: np.ndarray | None = None  # float64, NaN where not checked (sampled mode)
-    analytical: np.ndarray | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict == "ok"
-
-
-class GradcheckReport:
-    """What ``gradcheck`` found. ``passed``, ``verdict``, ``per_tensor[name]``, ``summary()``.
-
-    ``problems`` lists (kind, message) pairs about the forward as a whole (kinds in
-    ``PROBLEM_KINDS``): a non-deterministic forward, a downcast to float32, a modified input.
-    """
-
-    def __init__(self, title, per_tensor, problems, settings, *, strict=True, strict_kinks=False):
-        self.title = title
-        self.per_tensor: dict[str, TensorResult] = per_tensor
-        self.problems: list[tuple[str, str]] = problems
-        self.settings = settings
-        self.strict = strict
-        self.strict_kinks = strict_kinks
-
-    @property
-    def verdict(self) -> str:
-        """"FAIL", "INCONCLUSIVE" or "PASS" for the whole check."""
-        verdicts = [r.verdict for r in self.per_tensor.values()]
-        if self.problems or "FAIL" in verdicts or (self.strict_kinks and "NONDIFF" in verdicts):
-            return "FAIL"
-        if "INCONCLUSIVE" in verdicts:
-            return "INCONCLUSIVE"
-        return "PASS"
-
-    @property
-    def passed(self) -> bool:
-        verdict = self.verdict
-        return verdict == "PASS" or (verdict == "INCONCLUSIVE" and not self.strict)
-
-    @property
-    def max_abs_err(self) -> float:
-        return max((r.max_abs_err for r in self.per_tensor.values()), default=0.0)
-
-    @property
-    def max_rel_err(self) -> float:
-        return max((r.max_rel_err for r in self.per_tensor.values()), default=0.0)
-
-    @property
-    def hint_kinds(self) -> set:
-        """Every hint kind and problem kind in the report (handy in tests)."""
-        kinds = {r.hint_kind for r in self.per_tensor.values() if r.hint_kind}
-        return kinds | {kind for kind, _ in self.problems}
-
-    def summary(self) -> str:
-        return _format_report(self)
-
-    __str__ = summary
-
-    def __repr__(self):
-        n = len(self.per_tensor)
-        return f"<GradcheckReport {self.verdict}: {n} tensor(s), max rel err {self.max_rel_err:.1e}>"
-
-
-class GradcheckError(AssertionError):
-    """Raised by ``gradcheck`` when a gradient is wrong; ``str(err)`` is the full report."""
-
-    def __init__(self, report: GradcheckReport):
-        super().__init__(report.summary())
-        self.report = report
-
-
-@dataclass
-class _Settings:
-    mode: str
-    dtype: np.dtype  # the check dtype (with dtype=None: the least precise of the checked tensors)
-    eps: float
-    rtol: float
-    atol: float
-    noise: float = 0.0  # 10 * machine_eps * sum|g*y| / eps, filled in after the first forward
-    seed: int | None = 0
-    upstream: str = "random"
-    promoted_from: tuple = ()
-    deterministic: bool | None = None
-    restored: bool | None = None
-    options: dict = field(default_factory=dict)  # non-default arguments, for the reproduce line
-
-    @property
-    def atol_eff(self):
-        return max(self.atol, self.noise)
-
-
-# =============================================================================== public API
+# =============================================================================== the public API
 
 
 def gradcheck(
@@ -299,15 +167,19 @@ def gradcheck(
     """
     if mode not in ("auto", "full", "sampled"):
         raise ValueError(f"gradcheck: mode must be 'auto', 'full' or 'sampled', got {mode!r}")
-    kwargs = dict(kwargs or {})
+    # 1. What to check: name every float tensor that requires grad and make float64 copies.
     plan = _collect(fn, inputs, params, wrt, exclude, names, dtype)
     settings = _make_settings(plan, mode, max_full, eps, rtol, atol, seed, upstream)
     settings.options = _non_defaults(
         wrt=(wrt, None), exclude=(exclude, None), mode=(mode, "auto"), dtype=(dtype, "float64"),
-        eps=(eps, None), rtol=(rtol, None), atol=(atol, None), upstream=(_short(upstream), "random"),
+        eps=(eps, None), rtol=(rtol, None), atol=(atol, None),
+        upstream=(upstream if isinstance(upstream, str) else "<arrays>", "random"),
     )
-    run = _Run(plan, settings, _Evaluator(fn, plan.args, kwargs, before_forward, plan.xp), seed,
+    evaluator = _Evaluator(fn, plan.args, dict(kwargs or {}), before_forward, plan.xp)
+    run = _Run(plan, settings, evaluator, seed,
                upstream=upstream, n_coords=n_coords, n_proj=n_proj, topk=topk)
+
+    # 2. Check the forward as a whole, 3.-5. then compare the gradients tensor by tensor.
     problems: list[tuple[str, str]] = []
     results: dict[str, TensorResult] = {}
     try:
@@ -324,11 +196,36 @@ def gradcheck(
     settings.restored = plan.originals_unchanged() and run.working_restored
     if not settings.restored:
         problems.append(("not_restored", "an input or parameter was not restored bit for bit"))
+
     report = GradcheckReport(_describe(fn), results, problems, settings,
                              strict=strict, strict_kinks=strict_kinks)
     if raise_on_fail and not report.passed:
         raise GradcheckError(report)
     return report
+
+
+def _make_settings(plan, mode, max_full, eps, rtol, atol, seed, upstream):
+    """The check dtype's defaults for whatever the caller left at None; "auto" mode resolved."""
+    check = plan.check_dtype
+    d_eps, d_rtol, d_atol = _DEFAULTS.get(check, _DEFAULTS[np.dtype(np.float32)])
+    if mode == "auto":
+        mode = "full" if sum(c.size for c in plan.checked) <= max_full else "sampled"
+    return Settings(mode=mode, dtype=check, eps=d_eps if eps is None else eps,
+                    rtol=d_rtol if rtol is None else rtol, atol=d_atol if atol is None else atol, seed=seed,
+                    upstream=upstream if isinstance(upstream, str) else "given",
+                    promoted_from=plan.promoted_from)
+
+
+def _non_defaults(**pairs):
+    """The arguments that differ from their default, for the reproduce line."""
+    return {k: v for k, (v, default) in pairs.items() if v != default}
+
+
+def _unchecked_result(c, problems):
+    """The row of a tensor whose gradients could not be compared at all."""
+    message = problems[0][1] if problems else "not checked"
+    return TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype, verdict="INCONCLUSIVE",
+                        hint=f"not checked: {message}")
 
 
 def numerical_grad(fn, inputs, upstream=None, eps=1e-6, *, dtype="float64", kwargs=None):
@@ -694,7 +591,7 @@ def _check_forward(run) -> list:
     settings.noise = 10 * float(np.finfo(plan.check_dtype).eps) * scale / settings.eps
     with no_grad():
         run.L0 = ev.loss_host()
-    run.sizes = _dimension_sizes(run, outputs)
+    run.sizes = dimension_sizes(run.checked, outputs)
     return []
 
 
@@ -718,28 +615,8 @@ def _make_upstream(upstream, outputs, rng):
     return [to_device(_host(a).astype(y.dtype).reshape(-1), device) for a, y in zip(arrays, outputs)]
 
 
-def _dimension_sizes(run, outputs):
-    """Axis sizes (and products of adjacent axes) of everything involved, for mean-vs-sum hints."""
-    sizes = {}
-    shapes = [(c.name, c.tensor.shape) for c in run.checked]
-    shapes += [(f"output {k}", y.shape) for k, y in enumerate(outputs)]
-    for name, shape in shapes:
-        for lo, hi in itertools.combinations(range(len(shape) + 1), 2):
-            n = math.prod(shape[lo:hi])
-            axes = f"axis {lo}" if hi == lo + 1 else f"axes {lo}..{hi - 1}"
-            if n > 2:
-                sizes.setdefault(n, f"the size of {axes} of {name}")
-    return sizes
-
 
 # =============================================================================== 3. the backward
-
-
-def _engine_error(err):
-    """The engine's own complaint about a backward's result, as a dict; None for anything else."""
-    if not isinstance(err, GradientMismatchError):
-        return None
-    return {"kind": err.kind, "fn": err.fn, "got": err.got, "want": err.expected, "text": str(err)}
 
 
 def _backward_once(run, checked, upstream):
@@ -764,10 +641,7 @@ def _analytic(run, scale):
     try:
         return _backward_once(run, run.checked, upstream), {}
     except RuntimeError as err:
-        parsed = _engine_error(err)
-        if parsed is None:
-            raise
-        _raise_if_unpromoted(parsed, run.plan.check_dtype)
+        _engine_complaint(err, run.plan.check_dtype)  # raises unless the engine rejected a gradient
     grads, errors = {}, {}
     for c in run.checked:
         others = [o for o in run.checked if o is not c]
@@ -776,19 +650,22 @@ def _analytic(run, scale):
         try:
             grads.update(_backward_once(run, [c], upstream))
         except RuntimeError as err:
-            parsed = _engine_error(err)
-            if parsed is None:
-                raise
-            _raise_if_unpromoted(parsed, run.plan.check_dtype)
-            grads[c.name], errors[c.name] = None, parsed
+            grads[c.name], errors[c.name] = None, _engine_complaint(err, run.plan.check_dtype)
         finally:
             for o in others:
                 o.tensor.requires_grad = True
     return grads, errors
 
 
-def _raise_if_unpromoted(parsed, check_dtype):
-    """A float64 gradient for a float32 input: a tensor gradcheck did not know about."""
+def _engine_complaint(err, check_dtype):
+    """The engine's complaint about one backward's result, as a dict; anything else is re-raised.
+
+    A float64 gradient for a float32 tensor means fn uses a tensor that requires grad but that
+    gradcheck did not promote: that ends the check.
+    """
+    if not isinstance(err, GradientMismatchError):
+        raise err
+    parsed = {"kind": err.kind, "fn": err.fn, "got": err.got, "want": err.expected, "text": str(err)}
     if parsed["kind"] == "dtype" and check_dtype is not None and parsed["got"] == str(check_dtype) \
             and np.dtype(parsed["want"]).itemsize < check_dtype.itemsize:
         raise _Fatal(
@@ -797,6 +674,7 @@ def _raise_if_unpromoted(parsed, check_dtype):
             "a tensor that requires grad is used by fn without being an input or a module parameter; "
             "pass it in inputs, or as params={'name': tensor}, or set requires_grad=False on it",
         )
+    return parsed
 
 
 def _scales_linearly(a1, a2, a0, dtype):
@@ -899,7 +777,7 @@ def _classify(a, n, rtol, atol_eff):
         finite = np.isfinite(a) & np.isfinite(n)
         fail = ~finite | (diff > atol_eff + rtol * np.abs(n))
         certified = (a == n) | (diff <= rtol * np.maximum(np.abs(a), np.abs(n)))
-        status = np.where(fail, _FAIL, np.where(certified, _PASS, _UNVERIFIED))
+        status = np.where(fail, FAIL, np.where(certified, PASS, UNVERIFIED))
         diff = np.where(finite, diff, np.inf)
         rel = diff / np.maximum(np.abs(n), atol_eff)
     return status, diff, rel
@@ -913,7 +791,7 @@ def _kinks(a, n, d_plus, d_minus, status, settings):
         lo, hi = np.minimum(d_plus, d_minus), np.maximum(d_plus, d_minus)
         band = atol + settings.rtol * np.maximum(np.abs(d_plus), np.abs(d_minus))
         kink = (gap > 1e-3 * np.maximum(1.0, np.abs(n)) + 2 * atol) & (a >= lo - band) & (a <= hi + band)
-    return (status == _FAIL) & kink & np.isfinite(a) & np.isfinite(gap)
+    return (status == FAIL) & kink & np.isfinite(a) & np.isfinite(gap)
 
 
 def _check_gradients(run) -> dict:
@@ -928,7 +806,7 @@ def _check_gradients(run) -> dict:
     for k, c in enumerate(run.checked):
         result = TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype)
         if c.name in errors:
-            _engine_error_result(result, errors[c.name])
+            explain_engine_error(result, errors[c.name])
         else:
             a = grads[c.name]
             missing = a is None
@@ -950,9 +828,9 @@ def _compare_tensor(run, c, result, a, missing, linear, rng):
     """Numerical check of one tensor (full or sampled), then kinks, stability and hints."""
     checks, numerical = _numerical_checks(run, c, result, a, rng)
     result.checked = len(checks)
-    result.n_fail = sum(ch.status == _FAIL for ch in checks)
-    result.n_unverified = sum(ch.status == _UNVERIFIED for ch in checks)
-    result.n_nondiff = sum(ch.status == _NONDIFF for ch in checks)
+    result.n_fail = sum(ch.status == FAIL for ch in checks)
+    result.n_unverified = sum(ch.status == UNVERIFIED for ch in checks)
+    result.n_nondiff = sum(ch.status == NONDIFF for ch in checks)
     result.max_abs_err = max((ch.abs_err for ch in checks), default=0.0)
     result.max_rel_err = max((ch.rel_err for ch in checks), default=0.0)
     result.numerical, result.analytical = numerical, a
@@ -963,11 +841,11 @@ def _compare_tensor(run, c, result, a, missing, linear, rng):
         result.verdict = "NONDIFF"
     elif result.n_unverified * 2 >= max(result.checked, 1):
         result.verdict = "INCONCLUSIVE"
-    shown = {"FAIL": _FAIL, "NONDIFF": _NONDIFF, "INCONCLUSIVE": _UNVERIFIED}.get(result.verdict)
+    shown = {"FAIL": FAIL, "NONDIFF": NONDIFF, "INCONCLUSIVE": UNVERIFIED}.get(result.verdict)
     result.worst = sorted((ch for ch in checks if ch.status == shown), key=lambda ch: -ch.abs_err)[: run.topk]
     if result.n_fail:
         result.trust = _stability(run, c, checks)
-    _diagnose(run, c, result, checks, missing, linear)
+    diagnose(run, c, result, checks, missing, linear)
 
 
 def _numerical_checks(run, c, result, a, rng):
@@ -984,13 +862,13 @@ def _numerical_checks(run, c, result, a, rng):
     if not full:
         directions = _directional(run, c, a, rng)  # [(numerical, analytical), ...]
         nu, an = np.array(directions).reshape(-1, 2).T
-        sample_failed = (status == _FAIL).any() or (_classify(an, nu, s.rtol, s.atol_eff)[0] == _FAIL).any()
+        sample_failed = (status == FAIL).any() or (_classify(an, nu, s.rtol, s.atol_eff)[0] == FAIL).any()
         if sample_failed and c.size <= _FULL_FALLBACK_LIMIT:  # list every bad element
             index = np.arange(c.size)
             n, d_plus, d_minus = _central_differences(run.ev, c.tensor, index, s.eps, run.L0)
             status, diff, rel = _classify(a_flat, n, s.rtol, s.atol_eff)
             result.mode, directions = "sampled, then full", []
-    status = np.where(_kinks(a_flat[index], n, d_plus, d_minus, status, s), _NONDIFF, status)
+    status = np.where(_kinks(a_flat[index], n, d_plus, d_minus, status, s), NONDIFF, status)
 
     checks = [ElementCheck(_multi(i, c.tensor.shape), float(nv), float(av), float(d), float(r), str(st))
               for i, nv, av, d, r, st in zip(index.tolist(), n, a_flat[index], diff, rel, status)]
@@ -1009,7 +887,7 @@ def _multi(i, shape):
 def _stability(run, c, checks):
     """Recompute the worst failing elements with eps x10 and /10: does the estimate move?"""
     settings = run.settings
-    worst = sorted((ch for ch in checks if ch.status == _FAIL and not isinstance(ch.index, str)
+    worst = sorted((ch for ch in checks if ch.status == FAIL and not isinstance(ch.index, str)
                     and math.isfinite(ch.numerical) and math.isfinite(ch.analytical)),
                    key=lambda ch: -ch.abs_err)[: 3 * run.topk]
     if not worst:
@@ -1028,323 +906,6 @@ def _stability(run, c, checks):
             f"an error of {errors.min():.1e}): curvature or cancellation; try another eps or rescale "
             "the inputs; backward may be fine")
 
-
-# =============================================================================== 6. diagnose
-
-
-def _engine_error_result(result, parsed):
-    """The engine rejected the gradient backward produced for this tensor (shape or dtype)."""
-    result.verdict, result.error = "FAIL", parsed["text"]
-    result.pattern = f"backward raised: {parsed['text']}"
-    if parsed["kind"] == "dtype":
-        result.hint = (f"{parsed['fn']}.backward returns a {parsed['got']} gradient for a {parsed['want']} "
-                       "input: a constant or astype of another dtype in backward; keep the input's dtype")
-        return
-    got, want = parsed["got"], parsed["want"]
-    axes = _broadcast_axes(got, want)
-    if len(got) == len(want) >= 2 and got == want[:-2] + (want[-1], want[-2]):
-        result.hint_kind = "transpose"
-        result.hint = (f"{parsed['fn']}.backward returned the transpose {got} of the expected {want}: "
-                       "a weight gradient like g.T @ x instead of x.T @ g (or W vs W.T)")
-    elif axes is not None:
-        result.hint_kind = "broadcast_not_summed"
-        keep = [a for a in axes if a >= len(got) - len(want)]
-        result.hint = (f"{parsed['fn']}.backward returned shape {got} for an input of shape {want}: the "
-                       f"input was broadcast, so sum the gradient over axes {axes}"
-                       + (f" (keepdims=True for the stretched size-1 axes {keep})" if keep else "")
-                       + "; autograd.unbroadcast(grad, shape) does exactly this")
-    else:
-        result.hint_kind = "wrong_shape"
-        result.hint = f"{parsed['fn']}.backward returned a gradient of shape {got} for an input of {want}"
-
-
-def _broadcast_axes(got, want):
-    """The axes to sum so that a gradient of shape ``got`` becomes ``want`` (None if impossible)."""
-    extra = len(got) - len(want)
-    if extra < 0:
-        return None
-    axes = list(range(extra))
-    for k, (g, w) in enumerate(zip(got[extra:], want)):
-        if g != w:
-            if w != 1:
-                return None
-            axes.append(extra + k)
-    return tuple(axes) if axes else None
-
-
-def _diagnose(run, c, result, checks, missing, linear):
-    """Fill in pattern / hint / hint_kind: what the bad elements have in common, and why."""
-    if result.verdict == "NONDIFF":
-        _explain_kink(run, c, result)
-    elif result.verdict == "INCONCLUSIVE":
-        result.pattern = f"{result.n_unverified} of {result.checked} checks agree only within the noise floor"
-        result.hint = (f"nothing was certified for {c.name!r}: its gradients are small next to the noise "
-                       f"floor {run.settings.atol_eff:.1e}; scale the upstream gradient or the inputs, "
-                       f"or check that {c.name!r} affects the output at all")
-    elif result.verdict == "FAIL":
-        _explain_failure(run, c, result, checks, missing, linear)
-    elif not np.any(result.analytical):
-        result.pattern = f"every gradient of {c.name!r} is exactly 0 (the check is trivially true)"
-
-
-def _explain_kink(run, c, result):
-    ch = result.worst[0]
-    value = _host(c.tensor.data)[ch.index]
-    result.hint_kind = "kink"
-    result.pattern = f"{result.n_nondiff} element(s) have different left and right slopes"
-    result.hint = (f"{ch.where(c.name)} = {value:.2g} lies within eps={run.settings.eps:.0e} of a "
-                   f"non-differentiable point (ReLU/abs/max/clip): the numerical {ch.numerical:.3g} "
-                   "averages the two one-sided slopes; this is not a backward bug. "
-                   "Draw inputs away from the kink")
-
-
-def _explain_failure(run, c, result, checks, missing, linear):
-    """The hints, most specific first: NaN, no gradient, ignored upstream, location, ratio, transpose."""
-    name, a = c.name, result.analytical
-    fails = [ch for ch in checks if ch.status == _FAIL]
-    elements = [ch for ch in fails if not isinstance(ch.index, str)]
-    where = ", ".join(ch.where(name) for ch in elements[:3]) + (" ..." if len(elements) > 3 else "")
-    result.pattern = f"{len(fails)} of {result.checked} checks fail" + (f": {where}" if elements else "")
-    if not fails:
-        result.pattern = "every check agrees with the numerical gradient, but backward(2g) != 2 backward(g)"
-
-    if not np.isfinite(a).all():
-        bad = [tuple(int(i) for i in idx) for idx in np.argwhere(~np.isfinite(a))[:3]]
-        result.hint_kind = "nan"
-        result.hint = (f"NaN/inf in backward at {name}{bad} "
-                       "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)")
-    elif not all(math.isfinite(ch.numerical) for ch in fails):
-        result.hint = ("the numerical estimate is not finite: forward is NaN/inf near the inputs, "
-                       "or the step is lost to rounding")
-    elif fails and not elements:
-        result.hint = ("the sampled elements agree but random directions do not: the error sits in elements "
-                       "that were not sampled; rerun with mode='full' (or a larger n_coords) to find them")
-    elif missing or not np.any(a):
-        result.hint_kind = "no_gradient"
-        result.hint = (f"no gradient reached {name!r}: backward returns None/zeros for it, "
-                       "or forward left the graph (used .data / np.asarray / a new tensor)")
-    elif not linear:
-        result.hint_kind = "upstream_ignored"
-        result.hint = ("backward ignores or does not scale with its incoming gradient: "
-                       "backward(2g) != 2 backward(g); multiply the local derivative by grad")
-    else:
-        # A ratio shared by several elements is the stronger clue; one element always has "a ratio".
-        ratio = _common_ratio(run, elements)
-        location = _location(checks, c.tensor.shape, name)
-        if ratio is not None and (ratio[2] >= 2 or location is None) and _ratio_hint(run, result, *ratio):
-            if location is not None:
-                result.pattern += f"; {location[1]}"
-        elif location is not None:
-            result.hint_kind, result.pattern, result.hint = location
-            if ratio is not None:
-                result.pattern += f"; there analytical / numerical = {ratio[0]:.4g}"
-        elif _transpose_hint(run, result):
-            pass
-        elif all(ch.numerical == 0 for ch in elements):
-            result.hint = f"the output does not depend on {name!r} numerically, yet backward gives it one"
-
-
-def _common_ratio(run, elements):
-    """(r, spread, count) when a / n is the same nonzero r on every failing element, else None."""
-    floor = run.settings.atol_eff
-    ratios = np.array([ch.analytical / ch.numerical for ch in elements if abs(ch.numerical) > floor])
-    if len(ratios) == 0:
-        return None
-    r = float(np.median(ratios))
-    spread = float(np.max(np.abs(ratios - r)))
-    if r == 0 or spread > 1e-3 * abs(r):
-        return None
-    return r, spread, len(ratios)
-
-
-def _ratio_hint(run, result, r, spread, count):
-    """A constant ratio a / n: sign, x2, /2, mean vs sum, sqrt(d), or some other factor.
-
-    One failing element always has "a constant ratio": then only the named values count.
-    """
-    result.pattern = f"analytical / numerical = {r:.4g} (spread {spread:.0e}) on all {count} failing elements"
-    candidates = [
-        (-1.0, "sign", "sign error: backward returns the negative gradient (a minus sign dropped or added)"),
-        (2.0, "factor2", "gradient counted twice: check `+=` vs `=`, or a term added twice in backward"),
-        (0.5, "half", "gradient is half the true one: a missing factor 2 (d(x^2)/dx = 2x), "
-                      "or a term counted once instead of twice"),
-    ]
-    for n, where in run.sizes.items():
-        candidates.append((float(n), "mean_vs_sum",
-                           f"analytical = {n} x numerical, {n} = {where}: forward takes a mean but backward "
-                           f"does not divide by {n} (or a sum is treated as a mean twice)"))
-        candidates.append((1.0 / n, "mean_vs_sum",
-                           f"analytical = numerical / {n}, {n} = {where}: backward divides by {n} but "
-                           "forward takes a sum (mean vs sum mismatch)"))
-    for n, where in run.sizes.items():  # after mean-vs-sum: sqrt(16) = 4 may be a size itself
-        candidates.append((math.sqrt(n), "scale_sqrt_d",
-                           f"analytical = numerical x sqrt({n}), {n} = {where}: backward misses the "
-                           "scale 1/sqrt(d) that forward applies (attention scores)"))
-        candidates.append((1 / math.sqrt(n), "scale_sqrt_d",
-                           f"analytical = numerical / sqrt({n}), {n} = {where}: backward applies a scale "
-                           "1/sqrt(d) that forward does not (or applies it twice)"))
-    for value, kind, hint in candidates:
-        if abs(r - value) <= 1e-3 * abs(value):
-            result.hint_kind, result.hint = kind, hint
-            return True
-    if count < 2:
-        return False
-    result.hint = f"backward is off by a constant factor {r:.4g}: a scale missing or applied twice"
-    return True
-
-
-def _transpose_hint(run, result):
-    """Square trailing axes and a == n transposed (needs every element checked)."""
-    a, n = result.analytical, result.numerical
-    if a.ndim < 2 or a.shape[-1] != a.shape[-2] or np.isnan(n).any():
-        return False
-    nt = np.swapaxes(n, -1, -2)
-    if np.allclose(a, nt, rtol=10 * run.settings.rtol, atol=run.settings.atol_eff):
-        result.hint_kind = "transpose"
-        result.pattern = "the analytical gradient equals the numerical one transposed (last two axes)"
-        result.hint = "transposed gradient: W vs W.T (e.g. g.T @ x instead of x.T @ g)"
-        return True
-    return False
-
-
-def _location(checks, shape, name):
-    """(hint_kind, pattern, hint) when the failures sit at one boundary index or in part of an
-    axis (one branch), else None."""
-    elements = [ch for ch in checks if not isinstance(ch.index, str)]
-    if not elements or not shape:
-        return None
-    pos = np.array([ch.index for ch in elements])
-    fail = np.array([ch.status == _FAIL for ch in elements])
-    if fail.all() or not fail.any():
-        return None
-    boundary, partial = [], []
-    for axis, size in enumerate(shape):
-        if size < 3:  # in an axis of 2 every index is a boundary
-            continue
-        failing = np.unique(pos[fail, axis])
-        if len(failing) == len(np.unique(pos[:, axis])):
-            continue  # failures along the whole axis
-        if len(failing) == 1 and failing[0] in (0, size - 1):
-            boundary.append((axis, int(failing[0])))
-        elif len(failing) >= 2 and failing[-1] - failing[0] + 1 == len(failing):
-            inside = (pos[:, axis] >= failing[0]) & (pos[:, axis] <= failing[-1])
-            if fail[inside].mean() >= 0.5:
-                partial.append((axis, int(failing[0]), int(failing[-1]) + 1, size))
-    if boundary:
-        which = ", ".join(f"index {i} of axis {ax}" for ax, i in boundary)
-        return ("boundary", f"only elements at {which} fail",
-                "boundary/off-by-one error: only the first or last position fails "
-                "(first token, causal-mask edge, padding, a loop range that stops one short)")
-    if partial:
-        ax, lo, hi, size = partial[-1]
-        return ("partial_branch", f"only [{lo}:{hi}] of axis {ax} (size {size}) of {name!r} fail",
-                "one branch is missing from backward: only part of the axis is wrong "
-                "(a split/gate half treated as a constant, a dropped term of a sum)")
-    return None
-
-
-# =============================================================================== 7. the report
-
-
-def _make_settings(plan, mode, max_full, eps, rtol, atol, seed, upstream):
-    check = plan.check_dtype
-    d_eps, d_rtol, d_atol = _DEFAULTS.get(check, _DEFAULTS[np.dtype(np.float32)])
-    total = sum(c.size for c in plan.checked)
-    if mode == "auto":
-        mode = "full" if total <= max_full else "sampled"
-    return _Settings(mode=mode, dtype=check, eps=d_eps if eps is None else eps,
-                     rtol=d_rtol if rtol is None else rtol, atol=d_atol if atol is None else atol, seed=seed,
-                     upstream=upstream if isinstance(upstream, str) else "given",
-                     promoted_from=plan.promoted_from)
-
-
-def _non_defaults(**pairs):
-    return {k: v for k, (v, default) in pairs.items() if v != default}
-
-
-def _short(upstream):
-    return upstream if isinstance(upstream, str) else "<arrays>"
-
-
-def _unchecked_result(c, problems):
-    message = problems[0][1] if problems else "not checked"
-    return TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype, verdict="INCONCLUSIVE",
-                        hint=f"not checked: {message}")
-
-
-def _format_report(report) -> str:
-    s = report.settings
-    status = {"PASS": "passed", "FAIL": "FAILED", "INCONCLUSIVE": "INCONCLUSIVE"}[report.verdict]
-    promoted = f" (inputs were {'/'.join(s.promoted_from)} -> promoted)" if s.promoted_from else ""
-    lead = f"tinymlp.gradcheck {status}: {report.title}  "
-    lines = [
-        f"{lead}[mode={s.mode}  check dtype={s.dtype}{promoted}",
-        " " * len(lead) + f" eps={s.eps:.0e}  rtol={s.rtol:.0e}  atol={s.atol:.0e} "
-                          f"(noise floor {s.noise:.1e})  seed={s.seed}]",
-        f"upstream gradient: {_upstream_text(s.upstream)}      forward deterministic: {_yes(s.deterministic)}"
-        f"   inputs restored: {_yes(s.restored)}",
-    ]
-    if s.dtype is not None and s.dtype.itemsize < 8:
-        lines.append(f"warning: check ran in {s.dtype}: differences of ~{s.rtol:.0e} are expected and bugs "
-                     "below ~1 % are undetectable; use the default dtype='float64'")
-    for kind, message in report.problems:
-        lines.append(f"PROBLEM ({kind}): {message}")
-    lines += ["", *_table(report.per_tensor.values()), ""]
-    for r in report.per_tensor.values():
-        if r.verdict != "ok":
-            lines += _details(r)
-        elif r.pattern:
-            lines.append(f"note {r.name}: {r.pattern}")
-    if report.verdict != "PASS":
-        options = "".join(f", {k}={v!r}" for k, v in s.options.items())
-        lines.append(f"reproduce: tinymlp.gradcheck(fn, inputs{options}, seed={s.seed})")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _upstream_text(upstream):
-    texts = {"random": "random N(0,1) per output (seeded)",
-             "ones": "ones (weak: it hides a backward that ignores grad)"}
-    return texts.get(upstream, "given by the caller")
-
-
-def _yes(flag):
-    return {True: "yes", False: "NO", None: "-"}[flag]
-
-
-def _table(results):
-    header = ("tensor", "shape", "checked", "fail", "unverified", "max abs err", "max rel err", "verdict")
-    rows = []
-    for r in results:
-        counts = (str(r.checked), str(r.n_fail), str(r.n_unverified),
-                  f"{r.max_abs_err:.1e}", f"{r.max_rel_err:.1e}")
-        if not r.checked:  # backward raised, or the forward could not be checked at all
-            counts = ("-",) * 5
-        rows.append((f"{r.kind} {r.name}", str(r.shape).replace(" ", ""), *counts, r.verdict))
-    widths = [max(len(row[k]) for row in [header, *rows]) for k in range(len(header))]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-            for row in [header, *rows]]
-
-
-def _details(r):
-    noun = {"FAIL": "failing checks", "NONDIFF": "elements at a kink",
-            "INCONCLUSIVE": "unverified checks"}[r.verdict]
-    count = {"FAIL": r.n_fail, "NONDIFF": r.n_nondiff, "INCONCLUSIVE": r.n_unverified}[r.verdict]
-    lines = []
-    if r.worst:
-        lines.append(f"{r.verdict} {r.name} - worst {len(r.worst)} of {count} {noun} ({r.mode} mode):")
-        cells = [("index", "numerical", "analytical", "abs err", "rel err")]
-        for ch in r.worst:
-            index = ch.index if isinstance(ch.index, str) else "[" + ",".join(map(str, ch.index)) + "]"
-            cells.append((index, f"{ch.numerical:+.6e}", f"{ch.analytical:+.6e}",
-                          f"{ch.abs_err:.2e}", f"{ch.rel_err:.2e}"))
-        widths = [max(len(row[k]) for row in cells) for k in range(5)]
-        lines += ["  " + "   ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    else:
-        lines.append(f"{r.verdict} {r.name}:")
-    for label, text in (("pattern", r.pattern), ("likely", r.hint), ("trust", r.trust)):
-        if text:
-            lines.append(f"  {label:<8}: {text}")
-    return lines + [""]
 
 
 # =============================================================================== helpers
@@ -1374,5 +935,4 @@ def _close_bits(a, b) -> bool:
     tol = 100 * float(np.finfo(a.dtype).eps)
     scale = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
     return bool(np.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True))
-
 
