@@ -31,33 +31,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # for cpu_step and torch_models
 
 import tinymlp
-import tinymlp.functional as F
 from tinymlp.backend import get_cupy
 from tinymlp.models import create
 from tinymlp.optim import AdamW
 
+from cpu_step import tinymlp_step, torch_step  # the same training step, timed here on the GPU
+
 EPOCH_IMAGES = 50_000
 LR, WEIGHT_DECAY = 1e-3, 0.05
-
-
-# ----------------------------------------------------------------------------- the two steps
-def tinymlp_step(model, optimizer, x, y):
-    """One step with no host synchronisation: returns the loss Tensor (still on the device)."""
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    optimizer.step()
-    return loss
-
-
-def torch_step(torch, model, optimizer, x, y):
-    optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    optimizer.step()
-    return loss
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -232,7 +216,6 @@ def main(argv=None):
         if torch is not None and not torch.cuda.is_available():
             print("PyTorch is installed without CUDA support: timing tinymlp only", file=sys.stderr)
             torch = None
-    sys.path.insert(0, str(Path(__file__).resolve().parent))    # for torch_models
 
     print_header(cp, torch, args)
     results = []
