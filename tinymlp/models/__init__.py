@@ -1,5 +1,6 @@
 """The models of the course work, built from ``tinymlp.nn`` layers, one file each:
 
+- ``classifier.py``: what Mixer and gMLP share around their blocks (stem, token-major layout, head),
 - ``mixer.py``: MLP-Mixer (token-mixing and channel-mixing MLPs),
 - ``gmlp.py``:  gMLP (spatial gating unit) and aMLP (gMLP + tiny attention),
 - ``vit.py``:   the Vision Transformer baseline,

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nn import LayerNorm, Linear, Module, PatchEmbedding, Sequential, SpatialGatingUnit, TinyAttention, init
+from ..nn import LayerNorm, Linear, Module, Sequential, SpatialGatingUnit, TinyAttention
+from .classifier import PatchClassifier
 
 __all__ = ["GMLPBlock", "GMLP", "AMLP"]
 
@@ -78,16 +79,18 @@ class GMLPBlock(Module):
         return x + self.proj_out(self.sgu(z, gate_residual=gate_residual, token_axis=token_axis))
 
 
-class GMLP(Module):
+class GMLP(PatchClassifier):
     """gMLP image classifier (aMLP with ``attn_dim``): images (B, C_in, H, W) -> logits (B, num_classes).
 
+    Stem, pooling and head are ``PatchClassifier``'s (classifier.py); the blocks are GMLPBlocks.
     ``toeplitz``: None (dense W), "1d" (Toeplitz over the token index) or "2d" (Toeplitz over
     the patch grid, the shift-invariant form for images; ``True`` means "2d").
     """
 
     def __init__(self, image_size, patch_size, in_channels, num_classes, dim, depth, ffn_dim,
                  attn_dim=None, sgu_variant="split", toeplitz=None, causal=False, eps=1e-6, seed=0):
-        super().__init__()
+        rng = np.random.default_rng(seed)
+        super().__init__(image_size, patch_size, in_channels, dim, rng)
         if toeplitz is True:
             toeplitz = "2d"
         toeplitz = toeplitz or None
@@ -95,25 +98,12 @@ class GMLP(Module):
                            num_classes=num_classes, dim=dim, depth=depth, ffn_dim=ffn_dim,
                            attn_dim=attn_dim, sgu_variant=sgu_variant, toeplitz=toeplitz,
                            causal=causal, eps=eps, seed=seed)
-        rng = np.random.default_rng(seed)
-        self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, dim, rng=rng)
         seq_len, grid = self.patch_embed.num_patches, self.patch_embed.grid
         self.blocks = Sequential(*[
             GMLPBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, grid, eps, rng=rng)
             for _ in range(depth)
         ])
-        self.norm = LayerNorm(dim, eps=eps)
-        self.head = Linear(dim, num_classes, rng=rng)
-        init.zeros(self.head.weight)  # zero head: initial logits 0, initial loss ln(K)
-        init.zeros(self.head.bias)
-
-    def forward(self, images):
-        x = self.patch_embed(images)          # (B, S, dim)
-        x = x.transpose(1, 0, 2)              # (S, B, dim): token-major (see the module docstring)
-        for block in self.blocks:
-            x = block(x, token_axis=0)
-        x = self.norm(x).mean(axis=0)         # global average over tokens: (B, dim)
-        return self.head(x)
+        self._add_head(dim, num_classes, eps, rng)
 
 
 class AMLP(GMLP):

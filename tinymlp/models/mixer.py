@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nn import Dropout, LayerNorm, Linear, Module, PatchEmbedding, Sequential, init
+from ..nn import Dropout, LayerNorm, Linear, Module, Sequential
+from .classifier import PatchClassifier
 
 __all__ = ["MLP", "MixerBlock", "MLPMixer"]
 
@@ -79,32 +80,22 @@ class MixerBlock(Module):
         return self.token_mlp(h, axis=token_axis)
 
 
-class MLPMixer(Module):
-    """MLP-Mixer image classifier: images (B, C_in, H, W) -> logits (B, num_classes)."""
+class MLPMixer(PatchClassifier):
+    """MLP-Mixer image classifier: images (B, C_in, H, W) -> logits (B, num_classes).
+
+    Stem, pooling and head are ``PatchClassifier``'s (classifier.py); the blocks are MixerBlocks.
+    """
 
     def __init__(self, image_size, patch_size, in_channels, num_classes, dim, depth,
                  token_mlp_dim, channel_mlp_dim, dropout=0.0, eps=1e-6, seed=0):
-        super().__init__()
+        rng = np.random.default_rng(seed)
+        super().__init__(image_size, patch_size, in_channels, dim, rng)
         self.config = dict(image_size=image_size, patch_size=patch_size, in_channels=in_channels,
                            num_classes=num_classes, dim=dim, depth=depth, token_mlp_dim=token_mlp_dim,
                            channel_mlp_dim=channel_mlp_dim, dropout=dropout, eps=eps, seed=seed)
-        rng = np.random.default_rng(seed)
-        # the stem: a Linear on each flattened P x P patch (a conv with kernel = stride = P), with bias
-        self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, dim, rng=rng)
         num_tokens = self.patch_embed.num_patches
         self.blocks = Sequential(*[
             MixerBlock(num_tokens, dim, token_mlp_dim, channel_mlp_dim, dropout, eps, rng=rng)
             for _ in range(depth)
         ])
-        self.norm = LayerNorm(dim, eps=eps)
-        self.head = Linear(dim, num_classes, rng=rng)
-        init.zeros(self.head.weight)  # zero head: initial logits 0, initial loss ln(K)
-        init.zeros(self.head.bias)
-
-    def forward(self, images):
-        x = self.patch_embed(images)          # (B, S, C)
-        x = x.transpose(1, 0, 2)              # (S, B, C): token-major (see the module docstring)
-        for block in self.blocks:
-            x = block(x, token_axis=0)
-        x = self.norm(x).mean(axis=0)         # global average over tokens: (B, C)
-        return self.head(x)
+        self._add_head(dim, num_classes, eps, rng)
