@@ -6,6 +6,7 @@ backward passes, one call each. Every function here is a thin entry to one ``Fun
 from .ops.activation import gelu
 from .ops.attention import attention, log_softmax, softmax
 from .ops.dropout import dropout
+from .ops.embedding import embedding
 from .ops.gating import spatial_gating, toeplitz_1d, toeplitz_2d
 from .ops.linear import linear
 from .ops.loss import cross_entropy
@@ -13,6 +14,6 @@ from .ops.norm import layer_norm
 from .ops import relu, sigmoid, tanh
 
 __all__ = [
-    "attention", "cross_entropy", "dropout", "gelu", "layer_norm", "linear", "log_softmax",
+    "attention", "cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax",
     "relu", "sigmoid", "softmax", "spatial_gating", "tanh", "toeplitz_1d", "toeplitz_2d",
 ]

@@ -12,11 +12,13 @@ differ from each other and the whole model is reproducible from one seed.
 
 from . import init
 from .attention import MultiHeadSelfAttention, TinyAttention
+from .embedding import Embedding, PositionEmbedding, TiedLMHead
 from .gating import SpatialGatingUnit
 from .layers import GELU, Dropout, Identity, LayerNorm, Linear, ModuleList, PatchEmbedding, Sequential
 from .module import Module, Parameter, StateDictError
 
 __all__ = [
-    "Dropout", "GELU", "Identity", "LayerNorm", "Linear", "Module", "ModuleList", "MultiHeadSelfAttention",
-    "Parameter", "PatchEmbedding", "Sequential", "SpatialGatingUnit", "StateDictError", "TinyAttention", "init",
+    "Dropout", "Embedding", "GELU", "Identity", "LayerNorm", "Linear", "Module", "ModuleList",
+    "MultiHeadSelfAttention", "Parameter", "PatchEmbedding", "PositionEmbedding", "Sequential",
+    "SpatialGatingUnit", "StateDictError", "TiedLMHead", "TinyAttention", "init",
 ]
