@@ -10,20 +10,25 @@ The canonical form of a device name is ``"cpu"``, ``"cuda"`` for GPU 0 and ``"cu
 
 from __future__ import annotations
 
+import operator
 import sys
 
 import numpy as np
+from numpy.exceptions import AxisError
 
 __all__ = [
     "DEFAULT_FLOAT",
     "CudaUnavailableError",
     "array_module",
+    "check_axes",
     "cuda_available",
+    "cuda_status",
     "device_of",
     "get_cupy",
     "is_float_dtype",
     "module_for_device",
     "parse_device",
+    "require_float",
     "to_device",
 ]
 
@@ -152,3 +157,41 @@ def to_device(x, device):
 
 def is_float_dtype(dtype) -> bool:
     return np.issubdtype(np.dtype(dtype), np.floating)
+
+
+# ---------------------------------------------------------------------- argument checks shared by the ops
+def require_float(op: str, x, name: str = "input"):
+    """Raise a TypeError naming ``op`` and the dtype when ``x`` (a Tensor or an array) is not
+    floating point: exp, log, softmax, layer_norm, cross-entropy logits ... are defined on real
+    numbers, and an integer tensor would otherwise meet a raw casting error (or a silent float64)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind != "f":
+        raise TypeError(
+            f"{op}: the {name} must be a floating-point tensor, got dtype {np.dtype(dtype)}; "
+            f"convert it first, e.g. x.float() (float32) or x.double() (float64)"
+        )
+    return x
+
+
+def check_axes(op: str, axis, shape) -> tuple:
+    """``axis`` (an int or a sequence of ints) as a tuple of non-negative axes of a tensor of
+    ``shape``; as NumPy does, an axis the tensor lacks raises ``AxisError`` (never wraps around)
+    and an axis named twice raises ValueError; the message names ``op``, the axis and the shape."""
+    ndim = len(shape)
+    axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)
+    out = []
+    for a in axes:
+        try:
+            a = operator.index(a)
+        except TypeError:
+            raise TypeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}") from None
+        if not -ndim <= a < ndim:
+            expected = f"an axis in {-ndim}..{ndim - 1}" if ndim else "axis=None (a 0-d tensor has no axes)"
+            raise AxisError(
+                f"{op}: axis {a} is out of bounds for a tensor of {ndim} dimension(s) (shape {tuple(shape)}); "
+                f"expected {expected}"
+            )
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: axis {axis!r} names the same axis twice (tensor of shape {tuple(shape)})")
+    return tuple(out)

@@ -14,9 +14,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import DEFAULT_FLOAT, array_module, device_of, is_float_dtype, module_for_device, to_device
+from .backend import DEFAULT_FLOAT, array_module, check_axes, device_of, is_float_dtype, module_for_device, to_device
 
 __all__ = ["Tensor", "tensor"]
+
+
+ACCEPTED = ("tinymlp tensors hold real numbers: give a number, a (nested, rectangular) list of numbers, "
+            "or a NumPy/CuPy array of bool, integer or float dtype")
+
+
+def _probe(data):
+    """``data`` as an array, or a TypeError/ValueError that says what tinymlp accepts."""
+    if data is None:
+        raise TypeError(f"tensor(): cannot make a tensor from None; {ACCEPTED}")
+    try:
+        return data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
+    except ValueError as err:  # NumPy 2 refuses ragged nested lists ("inhomogeneous shape")
+        raise ValueError(f"tensor(): the nested lists have rows of different lengths ({err}); {ACCEPTED}") from None
+
+
+def _check_kind(dtype, what):
+    """Refuse dtypes that are not bool, integer or float (complex, strings, objects, dates)."""
+    kind = np.dtype(dtype).kind
+    if kind not in "biuf":
+        name = {"c": "complex", "U": "string", "S": "bytes", "O": "Python objects (dtype object: None, a dict or mixed types inside)",
+                "M": "datetime", "m": "timedelta", "V": "structured"}.get(kind, str(np.dtype(dtype)))
+        raise TypeError(f"tensor(): {what} is {name} ({np.dtype(dtype)}); {ACCEPTED}")
 
 
 def _as_array(data, dtype, device):
@@ -24,8 +47,14 @@ def _as_array(data, dtype, device):
     if isinstance(data, Tensor):
         data = data.data
     xp = module_for_device(device)
+    probe = _probe(data)
+    if dtype is not None:
+        _check_kind(dtype, "the dtype asked for")
+    if probe.dtype.kind not in "biuf":
+        _check_kind(probe.dtype, "the data")
+    if probe is not data:
+        data = probe  # converted once: no second pass over a long list
     if dtype is None:
-        probe = data if hasattr(data, "dtype") else np.asarray(data)
         if probe.dtype == np.bool_ or np.issubdtype(probe.dtype, np.integer):
             dtype = probe.dtype
         else:
@@ -294,6 +323,7 @@ class Tensor:
         return _ops.transpose(self, tuple(axes) if axes else None)
 
     def swapaxes(self, a, b):
+        a, b = (check_axes("swapaxes", ax, self.shape)[0] for ax in (a, b))
         axes = list(range(self.ndim))
         axes[a], axes[b] = axes[b], axes[a]
         return _ops.transpose(self, tuple(axes))

@@ -10,7 +10,10 @@ float32 model into a float64 one.
 
 from __future__ import annotations
 
-from ..backend import array_module, is_float_dtype
+import numpy as np
+
+from ..autograd import is_grad_enabled
+from ..backend import array_module, check_axes, is_float_dtype, require_float
 from ..tensor import Tensor
 from .elementwise import Add, AsType, Div, Exp, Log, Mul, Neg, Pow, ReLU, Sigmoid, Sqrt, Sub, Tanh, Where
 from .matmul import MatMul
@@ -39,7 +42,33 @@ def _binary(fn, a, b):
         a = _constant(a, b)
     elif not isinstance(b, Tensor):
         b = _constant(b, a)
-    return fn.apply(a, b)
+    try:
+        return fn.apply(a, b)
+    except ValueError:  # NumPy's gufunc text names neither the op nor both shapes: say them
+        shape_error(fn.__name__.lower(), getattr(a, "shape", ()), getattr(b, "shape", ()))
+        raise  # the shapes fit: some other problem, NumPy's own message
+
+
+def shape_error(op: str, sa: tuple, sb: tuple) -> None:
+    """Raise a ValueError naming ``op`` and both shapes when they do not fit ``op``
+    (``matmul``: a's last axis against b's second-to-last; else NumPy broadcasting)."""
+    sa, sb = tuple(sa), tuple(sb)
+    if op == "matmul":
+        if not sa or not sb:
+            raise ValueError(f"matmul: shapes {sa} and {sb}: a @ b needs tensors with at least one axis "
+                             "(use * to multiply by a scalar)")
+        inner_b = sb[-2] if len(sb) > 1 else sb[0]
+        if sa[-1] != inner_b:
+            where = "second-to-last" if len(sb) > 1 else "only"
+            raise ValueError(f"matmul: shapes {sa} and {sb} do not fit: a @ b needs a's last axis ({sa[-1]}) "
+                             f"to equal b's {where} axis ({inner_b})")
+        ba, bb, skip, what = sa[:-2], sb[:-2], 2, "batch axis"  # all but the last two axes broadcast
+    else:
+        ba, bb, skip, what = sa, sb, 0, "axis"
+    for i in range(1, min(len(ba), len(bb)) + 1):
+        if ba[-i] != bb[-i] and 1 not in (ba[-i], bb[-i]):
+            raise ValueError(f"{op}: shapes {sa} and {sb} cannot broadcast: {what} {-i - skip} has sizes "
+                             f"{ba[-i]} and {bb[-i]} (expected equal sizes, or 1 in one of them)")
 
 
 def add(a, b):
@@ -71,23 +100,23 @@ def neg(x):
 
 
 def exp(x):
-    return Exp.apply(x)
+    return Exp.apply(require_float("exp", x))
 
 
 def log(x):
-    return Log.apply(x)
+    return Log.apply(require_float("log", x))
 
 
 def sqrt(x):
-    return Sqrt.apply(x)
+    return Sqrt.apply(require_float("sqrt", x))
 
 
 def tanh(x):
-    return Tanh.apply(x)
+    return Tanh.apply(require_float("tanh", x))
 
 
 def sigmoid(x):
-    return Sigmoid.apply(x)
+    return Sigmoid.apply(require_float("sigmoid", x))
 
 
 def relu(x):
@@ -95,6 +124,14 @@ def relu(x):
 
 
 def astype(x, dtype):
+    """``x`` cast to ``dtype`` (differentiable between float dtypes)."""
+    target = np.dtype(dtype)
+    if target.kind != "f" and x.requires_grad and is_grad_enabled():
+        raise TypeError(
+            f"astype: cannot cast a tensor that requires grad to {target}: a gradient cannot flow "
+            f"through {target} values (only float dtypes carry one); for an integer copy outside the "
+            f"graph use x.detach().astype({str(target)!r})"
+        )
     return AsType.apply(x, dtype)
 
 
@@ -149,14 +186,14 @@ def stack(tensors, axis=0):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("stack needs at least one tensor")
-    ndim = tensors[0].ndim + 1
-    axis = axis % ndim
+    (axis,) = check_axes("stack", axis, (len(tensors),) + tensors[0].shape)
     expanded = [reshape(t, t.shape[:axis] + (1,) + t.shape[axis:]) for t in tensors]
     return concatenate(expanded, axis=axis)
 
 
 def split(x, indices_or_sections, axis=0):
     """Split ``x`` along ``axis`` as ``numpy.split`` does; each piece is a differentiable slice."""
+    (axis,) = check_axes("split", axis, x.shape)
     n = x.shape[axis]
     if isinstance(indices_or_sections, int):
         if n % indices_or_sections:
@@ -166,6 +203,5 @@ def split(x, indices_or_sections, axis=0):
     else:
         bounds = list(indices_or_sections)
     edges = [0, *bounds, n]
-    axis = axis % x.ndim
     lead = (slice(None),) * axis
     return [getitem(x, lead + (slice(lo, hi),)) for lo, hi in zip(edges[:-1], edges[1:])]

@@ -6,15 +6,15 @@
 from __future__ import annotations
 
 from ..autograd import Function
-from ..backend import array_module
+from ..backend import array_module, check_axes
 
 
-def _axes(axis, ndim):
+def _axes(axis, shape, op):
+    """``axis`` (None, an int or a tuple) as a tuple of non-negative axes; AxisError, as NumPy
+    raises it, for an axis the tensor lacks or one named twice (no silent wrap-around)."""
     if axis is None:
-        return tuple(range(ndim))
-    if isinstance(axis, int):
-        axis = (axis,)
-    return tuple(a % ndim for a in axis)
+        return tuple(range(len(shape)))
+    return check_axes(op, axis, shape)
 
 
 def _expand(g, shape, axes, keepdims):
@@ -31,7 +31,7 @@ class Sum(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.shape, ctx.axes, ctx.keepdims = x.shape, _axes(axis, x.ndim), keepdims
+        ctx.shape, ctx.axes, ctx.keepdims = x.shape, _axes(axis, x.shape, "sum"), keepdims
         return x.sum(axis=ctx.axes, keepdims=keepdims)
 
     @staticmethod
@@ -44,7 +44,7 @@ class Mean(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.shape, ctx.axes, ctx.keepdims = x.shape, _axes(axis, x.ndim), keepdims
+        ctx.shape, ctx.axes, ctx.keepdims = x.shape, _axes(axis, x.shape, "mean"), keepdims
         ctx.count = 1
         for a in ctx.axes:
             ctx.count *= x.shape[a]
@@ -64,7 +64,7 @@ class Max(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        axes = _axes(axis, x.ndim)
+        axes = _axes(axis, x.shape, "max")
         out = x.max(axis=axes, keepdims=True)
         share = (x == out).astype(x.dtype)  # 1 at the maxima, in x's dtype (no float64 detour)
         share /= share.sum(axis=axes, keepdims=True)

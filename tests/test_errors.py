@@ -1,0 +1,115 @@
+"""Bad input gets a clear error (issue 14): each message names the op or argument, what was given
+and what was expected. Each test here failed (silently, or with a raw NumPy/zipfile/JSON message)
+before the check it exercises was written."""
+
+import numpy as np
+import pytest
+from numpy.exceptions import AxisError
+
+import tinymlp
+from tinymlp import backend, tensor
+
+
+# ---------------------------------------------------------------------- reductions
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("axis", [2, -3, (0, 2)])
+def test_a_reduction_over_an_axis_the_tensor_lacks_is_refused(op, axis):
+    x = tensor(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(AxisError) as err:          # AxisError is a ValueError and an IndexError, as in NumPy
+        getattr(x, op)(axis=axis)
+    message = str(err.value)
+    assert message.startswith(f"{op}:") and "out of bounds" in message and "duplicate" not in message
+    bad = axis[1] if isinstance(axis, tuple) else axis
+    assert f"axis {bad}" in message and "2 dimension" in message and "(2, 3)" in message and "-2..1" in message
+    with pytest.raises(AxisError):
+        getattr(tinymlp.ops, op)(x, axis=axis)
+
+
+def test_a_reduction_naming_one_axis_twice_says_so_and_valid_axes_still_work():
+    x = tensor(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(ValueError, match=r"sum: axis \(1, -1\) names the same axis twice"):
+        x.sum(axis=(1, -1))
+    assert x.sum(axis=(0, -1)).item() == 15 and x.max(axis=np.int64(-1)).tolist() == [2, 5]
+    with pytest.raises(AxisError, match="stack: axis 3"):
+        tinymlp.ops.stack([x, x], axis=3)
+    with pytest.raises(AxisError, match="swapaxes: axis 2"):
+        x.swapaxes(0, 2)
+
+
+# ---------------------------------------------------------------------- construction
+@pytest.mark.parametrize("data,error,words", [
+    (None, TypeError, "from None"),
+    (1 + 2j, TypeError, "complex"),
+    ([1j, 2.0], TypeError, "complex"),
+    ("abc", TypeError, "string"),
+    (["a", "b"], TypeError, "string"),
+    ([1.0, None], TypeError, "object"),
+    (np.array([1, 2], dtype=object), TypeError, "object"),
+    ([[1.0, 2.0], [3.0]], ValueError, "different lengths"),
+])
+def test_tensor_refuses_data_that_is_not_real_numbers_and_says_what_it_accepts(data, error, words):
+    with pytest.raises(error) as err:
+        tensor(data)
+    message = str(err.value)
+    assert message.startswith("tensor():") and words in message
+    assert "bool, integer or float" in message and "list of numbers" in message
+
+
+def test_tensor_refuses_a_complex_dtype_asked_for():
+    with pytest.raises(TypeError, match=r"tensor\(\): the dtype asked for is complex"):
+        tensor([1.0, 2.0], dtype=complex)
+
+
+def test_casting_a_tensor_that_requires_grad_to_an_integer_dtype_is_refused():
+    x = tensor([1.5, 2.5], requires_grad=True)
+    for cast in (lambda: x.to(dtype=int), lambda: x.astype("int32"), lambda: (x * 2).to(dtype=np.int64)):
+        with pytest.raises(TypeError) as err:
+            cast()
+        assert "astype" in str(err.value) and "int" in str(err.value) and "requires grad" in str(err.value)
+        assert "detach()" in str(err.value)
+    assert x.detach().to(dtype=int).tolist() == [1, 2]          # the way out the message names
+    with tinymlp.no_grad():
+        assert x.astype("int32").dtype == np.int32
+    assert x.to(dtype="float64").requires_grad                  # float casts stay differentiable
+
+
+# ---------------------------------------------------------------------- primitives
+@pytest.mark.parametrize("a,b,words", [
+    ((2, 3), (4, 5), "a's last axis (3) to equal b's second-to-last axis (4)"),
+    ((2, 3), (4,), "a's last axis (3) to equal b's only axis (4)"),
+    ((2, 2, 3), (3, 3, 1), "batch axis -3 has sizes 2 and 3"),
+])
+def test_matmul_shape_errors_name_the_op_and_both_shapes(a, b, words):
+    with pytest.raises(ValueError) as err:
+        tensor(np.ones(a)) @ tensor(np.ones(b))
+    message = str(err.value)
+    assert message.startswith("matmul:") and str(a) in message and str(b) in message and words in message
+
+
+@pytest.mark.parametrize("op,name", [(lambda a, b: a + b, "add"), (lambda a, b: a - b, "sub"),
+                                     (lambda a, b: a * b, "mul"), (lambda a, b: a / b, "div")])
+def test_broadcasting_errors_name_the_op_and_both_shapes(op, name):
+    a, b = tensor(np.ones((2, 3))), tensor(np.ones(4))
+    with pytest.raises(ValueError) as err:
+        op(a, b)
+    message = str(err.value)
+    assert message.startswith(f"{name}:") and "(2, 3)" in message and "(4,)" in message
+    assert "axis -1 has sizes 3 and 4" in message
+    with pytest.raises(ValueError, match=rf"{name}: shapes \(2, 3\) and \(3, 3\)"):
+        op(a, np.ones((3, 3)))                                  # an array constant, too
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "tanh", "sigmoid"])
+def test_float_ops_on_an_integer_tensor_name_the_op_and_the_dtype(name):
+    x = tensor([1, 2, 3])
+    with pytest.raises(TypeError) as err:
+        getattr(x, name)()
+    message = str(err.value)
+    assert message.startswith(f"{name}:") and "int64" in message and "floating-point" in message
+    assert "x.float()" in message
+
+
+def test_require_float_is_the_shared_check():
+    backend.require_float("softmax", np.ones(3, dtype=np.float32))
+    with pytest.raises(TypeError, match="softmax: the logits must be a floating-point tensor, got dtype int32"):
+        backend.require_float("softmax", tensor(np.ones(3, dtype=np.int32)), "logits")
