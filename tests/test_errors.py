@@ -2,6 +2,8 @@
 and what was expected. Each test here failed (silently, or with a raw NumPy/zipfile/JSON message)
 before the check it exercises was written."""
 
+import os
+
 import numpy as np
 import pytest
 from numpy.exceptions import AxisError
@@ -113,3 +115,113 @@ def test_require_float_is_the_shared_check():
     backend.require_float("softmax", np.ones(3, dtype=np.float32))
     with pytest.raises(TypeError, match="softmax: the logits must be a floating-point tensor, got dtype int32"):
         backend.require_float("softmax", tensor(np.ones(3, dtype=np.int32)), "logits")
+
+
+# ---------------------------------------------------------------------- checkpoints
+from tinymlp import checkpoint  # noqa: E402
+from tinymlp.checkpoint import CheckpointError  # noqa: E402
+from tinymlp.nn import Module, Parameter  # noqa: E402
+
+
+class Small(Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = Parameter(np.arange(6.0).reshape(2, 3))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def saved(tmp_path, optimizer=None):
+    model = Small()
+    path = tmp_path / "run.npz"
+    checkpoint.save(path, model, optimizer, epoch=1)
+    return path, model
+
+
+def damaged_header(path):
+    """The checkpoint with its JSON header's bytes garbled (the zip itself intact)."""
+    import zipfile
+    entries = {}
+    with zipfile.ZipFile(path) as z:
+        for name in z.namelist():
+            entries[name] = z.read(name)
+    header = np.lib.format.read_array(__import__("io").BytesIO(entries["__header__.npy"]))
+    buf = __import__("io").BytesIO()
+    np.lib.format.write_array(buf, np.frombuffer(b'{"format": "tinymlp-chec', dtype=np.uint8))
+    assert header.size > 24
+    entries["__header__.npy"] = buf.getvalue()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+
+
+@pytest.mark.parametrize("how,words", [
+    ("random", "not a tinymlp checkpoint"),
+    ("truncated", "damaged or truncated"),
+    ("empty", "empty (0 bytes)"),
+    ("npy", "single NumPy array (.npy"),
+    ("header", "__header__ entry is damaged"),
+    ("missing", "no such file"),
+    ("folder", "is a folder"),
+])
+def test_every_checkpoint_load_failure_is_one_checkpoint_error_naming_the_file(tmp_path, how, words):
+    path, model = saved(tmp_path)
+    if how == "random":
+        path.write_bytes(np.random.default_rng(0).bytes(500))
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "npy":
+        path = tmp_path / "weights.npy"
+        np.save(path, np.ones(3))
+    elif how == "header":
+        damaged_header(path)
+    elif how == "missing":
+        path = tmp_path / "nope.npz"
+    elif how == "folder":
+        path = tmp_path
+    for reader in (lambda: checkpoint.load(path, Small()), lambda: checkpoint.read_meta(path)):
+        with pytest.raises(CheckpointError) as err:
+            reader()
+        message = str(err.value)
+        assert str(path) in message and words in message, message
+        assert "pickle" not in message and "\n" not in message
+
+
+def test_saving_into_a_missing_folder_names_the_folder(tmp_path):
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError) as err:
+        checkpoint.save(missing / "run.npz", Small())
+    assert str(missing) in str(err.value) and "does not exist" in str(err.value) and ".tmp" not in str(err.value)
+
+
+def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    leftover = tmp_path / f".run.npz.{dead.stdout.strip()}.abc123.tmp"   # a save killed mid-write
+    legacy = tmp_path / ".run.npz.x7q_k2.tmp"                           # the old naming, no pid
+    running = tmp_path / f".run.npz.{os.getppid()}.zz.tmp"             # a live process's save: kept
+    other = tmp_path / ".other.npz.1.zz.tmp"                            # another checkpoint's: kept
+    for f in (leftover, legacy, running, other):
+        f.write_bytes(b"partial")
+    path, _ = saved(tmp_path)
+    assert not leftover.exists() and not legacy.exists() and running.exists() and other.exists()
+    assert checkpoint.read_meta(path)["epoch"] == 1
+
+
+def test_an_optimizer_state_of_another_type_is_refused(tmp_path):
+    from tinymlp.optim import SGD, AdamW
+    model = Small()
+    path = tmp_path / "run.npz"
+    checkpoint.save(path, model, AdamW(model.parameters(), lr=1e-3))
+    sgd = SGD(model.parameters(), lr=0.1)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(path, Small(), sgd)
+    message = str(err.value)
+    assert str(path) in message and "AdamW" in message and "SGD" in message and "optimizer=None" in message
+    assert sgd.param_groups[0]["lr"] == 0.1
+    checkpoint.load(path, Small(), AdamW(Small().parameters(), lr=0.5))   # the same type loads

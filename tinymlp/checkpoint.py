@@ -19,16 +19,24 @@ so a checkpoint from someone else cannot run code when loaded.
 
 Saving is atomic: the file is written under a temporary name in the same folder, flushed to
 disk, then renamed over the old checkpoint in one step (``os.replace``). A crash mid-save
-leaves the previous checkpoint intact.
+leaves the previous checkpoint intact, and the next save to that path deletes the temporary
+file the crash left behind.
+
+Loading checks before it trusts: a file that is empty, truncated, damaged, a plain ``.npy``,
+or not a checkpoint at all raises one ``CheckpointError`` naming the file and what is wrong;
+an optimizer state is only loaded into an optimizer of the type that saved it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -149,7 +157,11 @@ def save(path, model, optimizer=None, scheduler=None, **meta) -> None:
 
 def _write_atomically(path, arrays):
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, f"checkpoint.save: the folder {folder} does not exist "
+                                f"(create it first, e.g. os.makedirs({folder!r}))", folder)
+    _remove_stale_temporaries(folder, os.path.basename(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, allow_pickle=False, **arrays)
@@ -169,6 +181,36 @@ def _write_atomically(path, arrays):
             os.close(dir_fd)
 
 
+def _remove_stale_temporaries(folder, name):
+    """Delete the temporary files of earlier saves to ``name`` that were killed mid-write
+    (``.<name>.<pid>.<random>.tmp`` whose process is gone; those of a save still running elsewhere stay)."""
+    prefix = f".{name}."
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+            continue
+        pid = entry[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and _process_alive(int(pid)):
+            continue  # another process is saving this very checkpoint right now
+        if pid.isdigit() and int(pid) == os.getpid():
+            continue  # this process's own save in another thread
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, entry))
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by someone else
+        return True
+    return True
+
+
 def _file_mode(path):
     """The old checkpoint's permissions, or the usual ones for a new file (mkstemp uses 0600)."""
     try:
@@ -183,17 +225,66 @@ def _file_mode(path):
 def _read_header(npz, path):
     if HEADER not in npz.files:
         raise CheckpointError(f"{path} is not a tinymlp checkpoint (no {HEADER} entry)")
-    header = json.loads(npz[HEADER].tobytes().decode("utf-8"))
-    if header.get("format") != FORMAT or header.get("version", 0) > VERSION:
-        raise CheckpointError(
-            f"{path}: unsupported checkpoint format {header.get('format')!r} version {header.get('version')}"
-        )
+    try:
+        header = json.loads(npz[HEADER].tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: the checkpoint's {HEADER} entry is damaged (not valid UTF-8 JSON: "
+                              f"{_first_line(err)})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        found = header.get("format") if isinstance(header, dict) else type(header).__name__
+        raise CheckpointError(f"{path}: its {HEADER} does not describe a tinymlp checkpoint "
+                              f"(format {found!r}, expected {FORMAT!r})")
+    if not isinstance(header.get("version"), int) or header["version"] > VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {header.get('version')!r}; this tinymlp "
+                              f"reads versions up to {VERSION} (a newer tinymlp wrote it?)")
+    if "meta" not in header:
+        raise CheckpointError(f"{path}: its {HEADER} is damaged (no 'meta' entry)")
     return header
+
+
+ZIP_MAGIC, NPY_MAGIC = b"PK\x03\x04", b"\x93NUMPY"
+WHAT_IT_IS = "a tinymlp checkpoint is the .npz file written by tinymlp.checkpoint.save"
+
+
+@contextlib.contextmanager
+def _open(path):
+    """``np.load(path)`` of a tinymlp checkpoint, every way it can fail turned into one
+    CheckpointError naming the file and what is wrong with it (never NumPy's pickle advice)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(NPY_MAGIC))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file ({WHAT_IT_IS})") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if not head:
+        raise CheckpointError(f"{path} is empty (0 bytes: a copy or save that never finished); {WHAT_IT_IS}")
+    if head.startswith(NPY_MAGIC):
+        raise CheckpointError(f"{path} holds a single NumPy array (.npy, from np.save), not a checkpoint; "
+                              f"{WHAT_IT_IS}")
+    if not head.startswith(ZIP_MAGIC[:len(head)]) or len(head) < len(ZIP_MAGIC):
+        raise CheckpointError(f"{path} is not a tinymlp checkpoint (it does not start like an .npz/zip "
+                              f"file: first bytes {head[:4]!r}); {WHAT_IT_IS}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            yield npz
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error) as err:
+        raise CheckpointError(f"{path} is damaged or truncated (an incomplete copy or download?): "
+                              f"{type(err).__name__}: {_first_line(err)}") from None
+
+
+def _first_line(err):
+    text = str(err).strip().splitlines()
+    return text[0] if text else "no detail"
 
 
 def read_meta(path) -> dict:
     """The metadata saved in a checkpoint, without loading anything into a model."""
-    with np.load(path, allow_pickle=False) as npz:
+    with _open(path) as npz:
         return _decode(_read_header(npz, path)["meta"], npz)
 
 
@@ -204,8 +295,15 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
     different architecture raises a CheckpointError that lists the missing, unexpected and
     wrongly shaped keys, and leaves the model, optimizer and schedule as they were.
     """
-    with np.load(path, allow_pickle=False) as npz:
+    with _open(path) as npz:
         header = _read_header(npz, path)
+        saved_optim = header.get("optim_class")
+        if optimizer is not None and saved_optim is not None and saved_optim != type(optimizer).__name__:
+            raise CheckpointError(
+                f"{path}: the optimizer state was saved from {saved_optim}, not {type(optimizer).__name__}: "
+                f"its moments and hyper-parameters (lr, weight decay, betas) belong to {saved_optim}; build a "
+                f"{saved_optim} to resume, or load the model alone (optimizer=None) to start a new optimizer"
+            )
         state = {k[len("model/"):]: npz[k] for k in npz.files if k.startswith("model/")}
         optim_state = sched_state = None
         if optimizer is not None:
