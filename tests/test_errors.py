@@ -159,7 +159,7 @@ def damaged_header(path):
 @pytest.mark.parametrize("how,words", [
     ("random", "not a tinymlp checkpoint"),
     ("truncated", "damaged or truncated"),
-    ("empty", "empty (0 bytes)"),
+    ("empty", "is empty (0 bytes"),
     ("npy", "single NumPy array (.npy"),
     ("header", "__header__ entry is damaged"),
     ("missing", "no such file"),
