@@ -262,7 +262,7 @@ def test_real_cpu_and_cuda_tensors_do_not_mix():
 def test_asking_for_cuda_without_cupy_says_how_to_install_it():
     with pytest.raises(tinymlp.CudaUnavailableError) as err:
         tinymlp.tensor([1.0], device="cuda")
-    assert 'pip install "tinymlp[cuda12]"' in str(err.value)
+    assert 'pip install -e ".[cuda12]"' in str(err.value) and "tinymlp[" not in str(err.value)
     with pytest.raises(tinymlp.CudaUnavailableError):
         tinymlp.tensor([1.0]).to("cuda")
     assert issubclass(tinymlp.CudaUnavailableError, RuntimeError)

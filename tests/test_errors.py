@@ -225,3 +225,86 @@ def test_an_optimizer_state_of_another_type_is_refused(tmp_path):
     assert str(path) in message and "AdamW" in message and "SGD" in message and "optimizer=None" in message
     assert sgd.param_groups[0]["lr"] == 0.1
     checkpoint.load(path, Small(), AdamW(Small().parameters(), lr=0.5))   # the same type loads
+
+
+# ---------------------------------------------------------------------- CUDA without a GPU, doctor
+class FakeRuntime:
+    def __init__(self, error=None, count=0):
+        self.error, self.count = error, count
+
+    def getDeviceCount(self):
+        if self.error:
+            raise self.error
+        return self.count
+
+
+def fake_cupy(monkeypatch, runtime, driver_present):
+    import types
+    cupy = types.SimpleNamespace(__version__="13.6.0", cuda=types.SimpleNamespace(runtime=runtime))
+    monkeypatch.setattr(backend, "_cupy", cupy)
+    monkeypatch.setattr(backend, "_cupy_error", None)
+    monkeypatch.setattr(backend, "_nvidia_driver_present", lambda: driver_present)
+
+
+def cuda_message():
+    with pytest.raises(tinymlp.CudaUnavailableError) as err:
+        backend.get_cupy("cuda")
+    return err.value
+
+
+def assert_good_advice(message):
+    assert "device='cpu'" in message and "leave out --device cuda" in message
+    assert "tinymlp[" not in message                      # the PyPI name tinymlp is another project's
+    assert "python -m tinymlp doctor" in message
+
+
+def test_cuda_without_cupy_says_so_and_offers_the_cpu(monkeypatch):
+    monkeypatch.setattr(backend, "_cupy", None)
+    monkeypatch.setattr(backend, "_cupy_error", "ModuleNotFoundError: No module named 'cupy'")
+    err = cuda_message()
+    message = str(err)
+    assert err.reason == "CuPy is not installed" and "device 'cuda' is not available: CuPy is not installed" in message
+    assert 'pip install -e ".[cuda12]"' in message and "pip install cupy-cuda12x" in message
+    assert_good_advice(message)
+
+
+def test_cuda_without_a_driver_says_no_nvidia_driver_found(monkeypatch):
+    error = RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+    fake_cupy(monkeypatch, FakeRuntime(error), driver_present=False)
+    err = cuda_message()
+    assert err.reason == "no NVIDIA driver found" and "no NVIDIA driver found" in str(err)
+    assert "pip install" not in str(err)                 # re-running the install would not help
+    assert_good_advice(str(err))
+
+
+def test_cuda_with_a_driver_but_no_device_says_no_device(monkeypatch):
+    error = RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    fake_cupy(monkeypatch, FakeRuntime(error), driver_present=True)
+    err = cuda_message()
+    assert err.reason == "no CUDA device visible" and "CUDA_VISIBLE_DEVICES" in str(err)
+    assert_good_advice(str(err))
+    fake_cupy(monkeypatch, FakeRuntime(RuntimeError("CUDA driver version is insufficient")), driver_present=True)
+    assert cuda_message().reason == "the NVIDIA driver is too old for CuPy's CUDA"
+
+
+def test_doctor_ends_with_a_verdict_and_exits_0_when_the_cpu_works(monkeypatch, capsys):
+    from tinymlp.__main__ import doctor
+
+    fake_cupy(monkeypatch, FakeRuntime(RuntimeError("CUDA driver version is insufficient")), driver_present=False)
+    assert doctor() == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "CPU ready; CUDA: no NVIDIA driver found"
+    monkeypatch.setattr(backend, "_cupy", None)
+    monkeypatch.setattr(backend, "_cupy_error", "ModuleNotFoundError: No module named 'cupy'")
+    assert doctor() == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == "CPU ready; CUDA: CuPy is not installed"
+    assert "tinymlp[" not in out and 'pip install -e ".[cuda12]"' in out
+
+
+def test_the_distribution_has_a_name_of_its_own_on_pypi():
+    import configparser
+    from pathlib import Path
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    assert config["metadata"]["name"] == "tinymlp-edu"       # "tinymlp" on PyPI is an unrelated project

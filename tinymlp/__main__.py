@@ -45,26 +45,31 @@ def _tiny_op(device: str) -> str:
 
 
 def doctor() -> int:
+    """Print what tinymlp can run on here, ending with a one-line verdict; 0 when the CPU path works."""
     print(f"tinymlp {__version__}")
     print(f"python  {platform.python_version()} ({sys.executable})")
     print(f"numpy   {np.__version__}, BLAS: {_blas_info()}, CPU cores: {os.cpu_count()}, thread variables: {_thread_env()}")
-    print(f"cpu     tiny op: {_tiny_op('cpu')}")
-
-    cupy = backend._import_cupy()
-    if cupy is None:
-        print(f"cupy    not importable ({backend._cupy_error})")
-        print('        for CUDA: pip install "tinymlp[cuda12]" (CUDA 12) or "tinymlp[cuda13]" (CUDA 13)')
-        return 0
-    print(f"cupy    {cupy.__version__}")
     try:
-        runtime = cupy.cuda.runtime.runtimeGetVersion()
-        driver = cupy.cuda.runtime.driverGetVersion()
-        count = cupy.cuda.runtime.getDeviceCount()
+        cpu = _tiny_op("cpu")
     except Exception as exc:
-        print(f"cuda    no usable device ({type(exc).__name__}: {exc})")
-        return 1
+        cpu = f"FAILED ({type(exc).__name__}: {exc})"
+    print(f"cpu     tiny op: {cpu}")
+    cpu_verdict = "CPU ready" if cpu == "ok" else f"CPU NOT WORKING (tiny op: {cpu})"
+    status = 0 if cpu == "ok" else 1
+
+    count, finding, advice = backend.cuda_status()
+    cupy = backend._cupy
+    print(f"cupy    {cupy.__version__}" if cupy is not None else f"cupy    {finding}")
+    if count == 0:
+        if cupy is not None:
+            print(f"cuda    {finding}")
+        print(f"        {advice}")
+        print(f"{cpu_verdict}; CUDA: {finding}")
+        return status
+    runtime = cupy.cuda.runtime.runtimeGetVersion()
+    driver = cupy.cuda.runtime.driverGetVersion()
     print(f"cuda    runtime {runtime // 1000}.{runtime % 1000 // 10}, driver {driver // 1000}.{driver % 1000 // 10}, {count} device(s)")
-    status = 0
+    working = 0
     for index in range(count):
         props = cupy.cuda.runtime.getDeviceProperties(index)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
@@ -73,8 +78,12 @@ def doctor() -> int:
         try:
             result = _tiny_op(device)
         except Exception as exc:
-            result, status = f"FAILED ({type(exc).__name__}: {exc})", 1
+            result = f"FAILED ({type(exc).__name__}: {exc})"
+        working += result == "ok"
         print(f"  {device:7s} {name}, {memory:.1f} GiB, compute {props['major']}.{props['minor']}: tiny op: {result}")
+    gpu_verdict = (f"ready ({count} device(s))" if working == count
+                   else f"{count - working} of {count} device(s) FAILED the tiny op (see above)")
+    print(f"{cpu_verdict}; CUDA: {gpu_verdict}")
     return status
 
 

@@ -11,6 +11,7 @@ The canonical form of a device name is ``"cpu"``, ``"cuda"`` for GPU 0 and ``"cu
 from __future__ import annotations
 
 import operator
+import os
 import sys
 
 import numpy as np
@@ -23,6 +24,7 @@ __all__ = [
     "check_axes",
     "cuda_available",
     "cuda_status",
+    "INSTALL_CUPY",
     "device_of",
     "get_cupy",
     "is_float_dtype",
@@ -35,14 +37,18 @@ __all__ = [
 DEFAULT_FLOAT = np.float32
 """The dtype floating-point data gets when none is asked for."""
 
-_INSTALL_HINT = (
-    'install CuPy for your CUDA version, e.g. pip install "tinymlp[cuda12]" '
-    '(or "tinymlp[cuda13]"), and check that a GPU is visible with `python -m tinymlp doctor`'
-)
-
+# The PyPI name "tinymlp" belongs to an unrelated project: never suggest pip install "tinymlp[...]".
+INSTALL_CUPY = ('pip install -e ".[cuda12]" from your tinymlp checkout, or pip install cupy-cuda12x '
+                '(cupy-cuda13x for CUDA 13)')
+USE_CPU = "run on the CPU instead: device='cpu' (in the example scripts, leave out --device cuda)"
 
 class CudaUnavailableError(RuntimeError):
-    """Raised when a CUDA device is asked for but CuPy or a GPU is missing."""
+    """Raised when a CUDA device is asked for but CuPy or a GPU is missing; ``reason`` is the
+    short finding ("CuPy is not installed", "no NVIDIA driver found", ...)."""
+
+    def __init__(self, message, reason=""):
+        super().__init__(message)
+        self.reason = reason
 
 
 def parse_device(device) -> str:
@@ -82,6 +88,55 @@ def _import_cupy():
     return _cupy
 
 
+def _nvidia_driver_present() -> bool:
+    """Whether the NVIDIA driver (its kernel module or its user-space library libcuda) is here."""
+    import ctypes  # noqa: PLC0415 - only when diagnosing
+
+    if os.path.exists("/proc/driver/nvidia/version"):
+        return True
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def cuda_status() -> tuple[int, str, str]:
+    """(number of CUDA devices CuPy sees, what was found, what to do about it).
+
+    The finding is short enough for a verdict line: "CuPy is not installed", "no NVIDIA driver
+    found", "the NVIDIA driver is too old for CuPy's CUDA", "no CUDA device visible", or
+    "1 device(s)"; the advice is empty when a device is there."""
+    cupy = _import_cupy()
+    if cupy is None:
+        if _cupy_error and _cupy_error.startswith(("ModuleNotFoundError", "ImportError: No module")):
+            return 0, "CuPy is not installed", f"to use a GPU: {INSTALL_CUPY}"
+        return 0, f"CuPy is installed but does not import ({_cupy_error})", (
+            f"reinstall CuPy for your CUDA version: {INSTALL_CUPY}")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        if not _nvidia_driver_present():
+            return 0, "no NVIDIA driver found", (
+                f"CuPy {cupy.__version__} is installed, but this machine has no NVIDIA driver ({detail}): "
+                "a GPU needs the NVIDIA driver installed (not only CuPy)")
+        if "insufficient" in str(exc).lower() or getattr(exc, "status", None) == 35:
+            return 0, "the NVIDIA driver is too old for CuPy's CUDA", (
+                f"({detail}): update the NVIDIA driver, or install the CuPy built for the driver's CUDA "
+                "version (cupy-cuda12x for CUDA 12, cupy-cuda13x for CUDA 13)")
+        if "no cuda-capable device" in str(exc).lower() or getattr(exc, "status", None) == 100:
+            return 0, "no CUDA device visible", (
+                f"the NVIDIA driver is present but reports no GPU ({detail}); check nvidia-smi and "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}")
+        return 0, "no usable CUDA device", f"CUDA reports: {detail}; check nvidia-smi"
+    if count == 0:
+        return 0, "no CUDA device visible", "CuPy sees no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES"
+    return count, f"{count} device(s)", ""
+
+
 def cuda_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
     cupy = _import_cupy()
@@ -96,22 +151,25 @@ def cuda_available() -> bool:
 def get_cupy(device: str = "cuda"):
     """Return the ``cupy`` module for ``device``, or raise a clear CudaUnavailableError."""
     cupy = _import_cupy()
-    if cupy is None:
+    count = 0
+    if cupy is not None:
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception:
+            count = 0
+    if count == 0:
+        _, reason, advice = cuda_status()
         raise CudaUnavailableError(
-            f"device {device!r} needs CuPy, which could not be imported ({_cupy_error}); "
-            + _INSTALL_HINT
+            f"device {device!r} is not available: {reason}. {USE_CPU[0].upper() + USE_CPU[1:]}. "
+            f"{advice[0].upper() + advice[1:]}; then check with: python -m tinymlp doctor",
+            reason=reason,
         )
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        raise CudaUnavailableError(
-            f"device {device!r}: CuPy is installed but no CUDA device is usable ({exc}); "
-            + _INSTALL_HINT
-        ) from None
     index = _device_index(device)
     if index >= count:
         raise CudaUnavailableError(
-            f"device {device!r} does not exist: CuPy sees {count} CUDA device(s)"
+            f"device {device!r} does not exist: CuPy sees {count} CUDA device(s), "
+            f"expected 'cuda' or 'cuda:0'..'cuda:{count - 1}'",
+            reason=f"{count} device(s)",
         )
     return cupy
 
