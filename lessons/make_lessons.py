@@ -16,14 +16,31 @@ of the source and are not part of the notebook. ``lessons/src/NN_name.py`` becom
 ``lessons/NN_name.ipynb``, without outputs and with stable cell ids, so that building twice
 gives the same bytes.
 
+Exercises. An answer in a code cell sits between two marker lines,
+
+    # BEGIN SOLUTION 04.2
+    dx = r * (g - g.mean(axis=-1, keepdims=True) - ...)
+    # END SOLUTION
+
+and the exercise id (lesson.number) names its check in ``lessons/checks.py``. Two builds are
+written from every source: the *worked* notebook ``lessons/NN_name.ipynb`` keeps the answers
+(without the marker lines), the *student* notebook ``lessons/exercises/NN_name.ipynb`` replaces
+each answer by a stub at the marker's indentation: ``raise NotImplementedError("exercise 04.2")``,
+or, when the marker line carries one after a ``|`` (``# BEGIN SOLUTION 06.2 | params = ...``),
+that line (for answers that are values at the top level of a cell, where a raise would stop
+the notebook). Markdown cells may hide a worked result the same way (marker lines
+``# BEGIN SOLUTION 05.3`` / ``# END SOLUTION`` in the markdown comments); the student build
+shows an invitation to derive it instead.
+
     python lessons/make_lessons.py            # (re)write every notebook that has a source
-    python lessons/make_lessons.py --check    # exit 1 if a notebook differs from its source
+    python lessons/make_lessons.py --check    # exit 1 if a notebook (either build) differs from its source
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
 
 import nbformat
@@ -32,6 +49,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository root
 SOURCES = ROOT / "lessons" / "src"
 LESSONS = ROOT / "lessons"
+EXERCISES = LESSONS / "exercises"
+
+BEGIN = re.compile(r"^(?P<indent>\s*)(?:# )?BEGIN SOLUTION (?P<id>\d\d\.\d+)\s*(?:\|\s*(?P<stub>.*\S))?\s*$")
+END = re.compile(r"^\s*(?:# )?END SOLUTION\s*$")
 
 METADATA = {
     "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
@@ -65,11 +86,46 @@ def parse(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def build(source_path: pathlib.Path) -> nbformat.NotebookNode:
-    """The notebook (no outputs, stable ids) for one lesson source file."""
+def solutions(kind: str, source: str, student: bool) -> str:
+    """One cell's source in the worked build (answers kept) or the student build (stubs)."""
+    out, inside = [], None
+    for line in source.split("\n"):
+        begin = BEGIN.match(line)
+        if begin:
+            if inside:
+                raise ValueError(f"exercise {inside.group('id')}: BEGIN SOLUTION inside a solution")
+            inside = begin
+            if student:
+                ex, indent = begin.group("id"), begin.group("indent")
+                if kind == "markdown":
+                    out.append(f"*Exercise {ex}: work this out on paper first; the worked notebook "
+                               "(`lessons/` one folder up) has the derivation.*")
+                elif begin.group("stub"):
+                    out.append(f"{indent}{begin.group('stub')}  # exercise {ex}: your answer")
+                else:
+                    out.append(f'{indent}raise NotImplementedError("exercise {ex}")')
+        elif END.match(line):
+            if not inside:
+                raise ValueError("END SOLUTION without BEGIN SOLUTION")
+            inside = None
+        elif not (inside and student):
+            out.append(line)
+    if inside:
+        raise ValueError(f"exercise {inside.group('id')}: no END SOLUTION")
+    return "\n".join(out)
+
+
+def exercise_ids(source_path: pathlib.Path) -> list[str]:
+    """The exercise ids of one lesson source, in order."""
+    return [m.group("id") for m in map(BEGIN.match, source_path.read_text().splitlines()) if m]
+
+
+def build(source_path: pathlib.Path, student: bool = False) -> nbformat.NotebookNode:
+    """The notebook (no outputs, stable ids) for one lesson source file, worked or student."""
     stem = source_path.stem
     nb = new_notebook(metadata=METADATA)
     for i, (kind, source) in enumerate(parse(source_path.read_text())):
+        source = solutions(kind, source, student)
         cell = new_markdown_cell(source) if kind == "markdown" else new_code_cell(source)
         cell["id"] = f"{stem[:50]}-{i:03d}"
         nb.cells.append(cell)
@@ -82,8 +138,12 @@ def render(nb: nbformat.NotebookNode) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def target_of(source_path: pathlib.Path) -> pathlib.Path:
-    return LESSONS / f"{source_path.stem}.ipynb"
+def target_of(source_path: pathlib.Path, student: bool = False) -> pathlib.Path:
+    return (EXERCISES if student else LESSONS) / f"{source_path.stem}.ipynb"
+
+
+def has_exercises(source_path: pathlib.Path) -> bool:
+    return bool(exercise_ids(source_path))
 
 
 def main(argv=None) -> int:
@@ -92,13 +152,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for src in sorted(SOURCES.glob("*.py")):
-        text, target = render(build(src)), target_of(src)
-        if args.check:
-            if not target.exists() or target.read_text() != text:
-                stale.append(target)
-        elif not target.exists() or target.read_text() != text:
-            target.write_text(text)
-            print(f"wrote {target.relative_to(ROOT)}")
+        for student in (False, True):
+            text, target = render(build(src, student)), target_of(src, student)
+            if args.check:
+                if not target.exists() or target.read_text() != text:
+                    stale.append(target)
+            elif not target.exists() or target.read_text() != text:
+                target.parent.mkdir(exist_ok=True)
+                target.write_text(text)
+                print(f"wrote {target.relative_to(ROOT)}")
     for target in stale:
         print(f"out of date: {target.relative_to(ROOT)} (run python lessons/make_lessons.py)")
     return 1 if stale else 0

@@ -3,6 +3,8 @@
     training_curves(history, "run/curves.png")           loss and accuracy per epoch
     token_mixing_weights(mixer, "run/token_mixing.png")  Mixer: each token-MLP unit on the patch grid
     spatial_weights(gmlp, "run/spatial_weights.png")     gMLP: each block's S x S spatial matrix
+    graph(loss, "run/graph.png")                         the autograd graph behind a tensor
+    to_dot(loss)                                         the same graph as Graphviz DOT text
 
 Each function returns the ``matplotlib.figure.Figure`` and, given a ``path``, also saves it as
 a PNG. Figures are built with ``matplotlib.figure.Figure`` directly, not through ``pyplot``:
@@ -31,7 +33,7 @@ import numpy as np
 from .backend import to_device
 from .tensor import Tensor
 
-__all__ = ["spatial_weights", "token_mixing_weights", "training_curves"]
+__all__ = ["graph", "spatial_weights", "to_dot", "token_mixing_weights", "training_curves"]
 
 _CMAP = "RdBu_r"     # diverging: negative blue, zero white, positive red
 
@@ -224,4 +226,163 @@ def spatial_weights(model_or_weight, path=None, grid=None, token=None):
         axes[0, 0].set_ylabel("W (S x S)", fontsize=9)
         axes[1, 0].set_ylabel(f"on the {gh}x{gw} grid", fontsize=9)
     fig.suptitle("spatial gating weights", fontsize=10)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------- the autograd graph
+def _short(a, limit=4) -> str:
+    """A few numbers of an array, or its norm when it is larger."""
+    a = _numpy(a)
+    if a.size <= limit:
+        return np.array2string(a, precision=3, separator=", ", suppress_small=True).replace("\n", "")
+    return f"|.| = {np.linalg.norm(a):.3g}"
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(int(n)) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _graph_of(tensor):
+    """The graph behind ``tensor`` as (nodes, edges): nodes are dicts with ``id``, ``kind``
+    ("op", "leaf" or "output") and ``lines`` (the label), edges are (from id, to id) pairs,
+    inputs to consumers. Op nodes are the Contexts the forward pass recorded; their output
+    shape is read from the tensor itself (the root) or from a consumer's ``input_shapes``."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"graph: expected a Tensor, got {type(tensor).__name__}")
+    ctx = tensor._ctx
+    if ctx is not None and getattr(ctx, "fn", True) is None:
+        raise ValueError("graph: the graph behind this tensor was freed by backward(); call "
+                         "backward(retain_graph=True) to draw it after backward, or draw it before")
+
+    def describe_leaf(t, kind):
+        name = getattr(t, "name", None)
+        head = ("leaf " + name) if (kind == "leaf" and name) else ("leaf" if kind == "leaf" else (name or "output"))
+        lines = [head, f"{_shape(t.shape)} {t.dtype}"]
+        if t.grad is not None:
+            lines.append("grad " + _short(t.grad))
+        elif kind == "output" and t.data.size <= 4:
+            lines.append("value " + _short(t.data))
+        return lines
+
+    nodes, edges, out_shapes, order = {}, [], {}, []
+    stack, seen = [tensor._ctx if tensor._ctx is not None else tensor], set()
+    while stack:                                   # every node once (a diamond is drawn as one)
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        if isinstance(node, Tensor):
+            continue
+        for i, parent in enumerate(node.parents):
+            if parent is None:
+                continue
+            out_shapes.setdefault(id(parent), node.input_shapes[i])
+            edges.append((id(parent), id(node)))
+            stack.append(parent)
+    for node in order:
+        if isinstance(node, Tensor):
+            nodes[id(node)] = {"id": id(node), "kind": "leaf" if node is not tensor or node.requires_grad else "output",
+                               "lines": describe_leaf(node, "leaf")}
+        else:
+            shape = tensor.shape if node is tensor._ctx else out_shapes.get(id(node))
+            name = getattr(node.fn, "__name__", type(node.fn).__name__)
+            nodes[id(node)] = {"id": id(node), "kind": "op",
+                               "lines": [name, _shape(shape) if shape is not None else "?"]}
+    if tensor._ctx is not None:                    # the tensor itself, as an oval after its op
+        out_id = ("output", id(tensor))
+        nodes[out_id] = {"id": out_id, "kind": "output", "lines": describe_leaf(tensor, "output")}
+        edges.append((id(tensor._ctx), out_id))
+    return list(nodes.values()), list(dict.fromkeys(edges))
+
+
+def _layers(nodes, edges):
+    """Column of each node: its longest distance from the output (the output on the right)."""
+    consumers = {}
+    for a, b in edges:
+        consumers.setdefault(a, []).append(b)
+    depth = {}
+    ids = [n["id"] for n in nodes]
+    for _ in range(len(ids) + 1):                  # longest path by relaxation (the graph is a DAG)
+        changed = False
+        for i in ids:
+            d = max((depth.get(c, 0) + 1 for c in consumers.get(i, ())), default=0)
+            if depth.get(i) != d:
+                depth[i], changed = d, True
+        if not changed:
+            break
+    return depth
+
+
+def to_dot(tensor) -> str:
+    """The autograd graph behind ``tensor`` as Graphviz DOT text (render it with ``dot -Tpng``).
+
+    Ops are boxes (the Function's name and its output shape), tensors are ovals: leaves
+    (marked ``leaf``, with their ``.grad`` once backward has run) and the tensor itself.
+    Arrows point from inputs to the op that consumes them, the direction of the forward pass.
+    """
+    nodes, edges = _graph_of(tensor)
+    key = {n["id"]: f"n{i}" for i, n in enumerate(nodes)}
+    out = ["digraph autograd {", "  rankdir=LR;", '  node [fontname="Helvetica", fontsize=10];']
+    for n in nodes:
+        label = "\\n".join(line.replace('"', '\\"') for line in n["lines"])
+        if n["kind"] == "op":
+            style = 'shape=box, style="rounded,filled", fillcolor="#dde8f5"'
+        elif n["kind"] == "leaf":
+            style = 'shape=ellipse, style=filled, fillcolor="#f6e3c6", peripheries=2'
+        else:
+            style = 'shape=ellipse, style=filled, fillcolor="#d9efd9"'
+        out.append(f'  {key[n["id"]]} [label="{label}", {style}];')
+    for a, b in edges:
+        out.append(f"  {key[a]} -> {key[b]};")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def graph(tensor, path=None):
+    """Draw the autograd graph behind ``tensor`` with matplotlib alone; a Figure.
+
+    Boxes are the recorded ops (``Function`` name and output shape), ovals the tensors:
+    leaves (double outline, marked ``leaf``, with their gradient once ``backward`` has run:
+    call ``backward(retain_graph=True)`` to keep the graph for drawing) and, on the right,
+    the tensor itself. Inputs are on the left; arrows follow the forward pass, and backward
+    walks them right to left. ``to_dot`` gives the same graph as Graphviz text.
+    """
+    from matplotlib.patches import Ellipse, FancyBboxPatch
+
+    nodes, edges = _graph_of(tensor)
+    depth = _layers(nodes, edges)
+    columns = max(depth.values()) + 1
+    by_column = {}
+    for n in nodes:
+        by_column.setdefault(depth[n["id"]], []).append(n)
+    rows = max(len(v) for v in by_column.values())
+    fig = _figure(max(4.0, 2.3 * columns), max(2.0, 1.1 * rows + 0.6))
+    ax = fig.add_subplot()
+    pos = {}
+    for col, members in by_column.items():
+        for r, n in enumerate(members):
+            pos[n["id"]] = ((columns - 1 - col) * 2.3, (r - (len(members) - 1) / 2) * 1.1)
+    width, height = 1.8, 0.8
+    for a, b in edges:
+        (xa, ya), (xb, yb) = pos[a], pos[b]
+        ax.annotate("", xy=(xb - width / 2, yb), xytext=(xa + width / 2, ya),
+                    arrowprops=dict(arrowstyle="->", color="0.4", lw=1))
+    colours = {"op": "#dde8f5", "leaf": "#f6e3c6", "output": "#d9efd9"}
+    for n in nodes:
+        x, y = pos[n["id"]]
+        if n["kind"] == "op":
+            patch = FancyBboxPatch((x - width / 2, y - height / 2), width, height,
+                                   boxstyle="round,pad=0.02,rounding_size=0.08", fc=colours["op"], ec="0.3")
+        else:
+            patch = Ellipse((x, y), width, height, fc=colours[n["kind"]], ec="0.3",
+                            lw=2.0 if n["kind"] == "leaf" else 1.0)
+        ax.add_patch(patch)
+        lines = n["lines"]
+        ax.text(x, y, "\n".join(lines), ha="center", va="center",
+                fontsize=8 if len(lines) < 3 else 7, fontweight="normal")
+    ax.set_xlim(-width, (columns - 1) * 2.3 + width)
+    ax.set_ylim(-(rows / 2) * 1.1 - 0.2, (rows / 2) * 1.1 + 0.2)
+    ax.set_aspect("equal")
+    ax.axis("off")
     return _save(fig, path)

@@ -14,6 +14,11 @@
 # 3. nine activation functions and their derivatives, each checked and plotted;
 # 4. gradient descent on one neuron with the gradient we derived.
 #
+# **Prerequisites:** derivatives and the chain rule of one variable; NumPy arrays.
+#
+# **Exercises:** 01.1 (the gradient of a logistic neuron), 01.2 (a central difference). Each is
+# followed by `check("01.1", ...)`, which prints `passed`, `not done yet` or `FAILED` and why.
+#
 # **In tinymlp:** the derivatives of this lesson are the `backward` methods of `Tanh`,
 # `Sigmoid` and `ReLU` in `tinymlp/ops/elementwise.py`; the fused activation of the
 # models, GELU, lives in `tinymlp/ops/activation.py` (lesson 3).
@@ -23,6 +28,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import tinymlp
+from checks import check   # lessons/checks.py: one check per exercise
 
 rng = np.random.default_rng(0)
 
@@ -84,6 +90,24 @@ print("dL/dw  ", grad_w)
 print("dL/db  ", grad_b)
 
 # %% [markdown]
+# **Exercise 01.1.** The same neuron with the logistic activation $p = \sigma(z)$,
+# $\sigma(z) = 1/(1 + e^{-z})$, whose derivative is $\sigma'(z) = \sigma(z)(1 - \sigma(z))$
+# (section 3 derives it). Return $\partial\mathcal L/\partial w$ (an array like `w`) and
+# $\partial\mathcal L/\partial b$ (a number) for $\mathcal L = \tfrac12(p - t)^2$.
+
+# %%
+def neuron_gradient(w, b, x, t):
+    """dL/dw and dL/db of L = (p - t)^2 / 2 with p = sigmoid(w . x + b)."""
+    # BEGIN SOLUTION 01.1
+    p = 1 / (1 + np.exp(-(w @ x + b)))
+    delta = (p - t) * p * (1 - p)             # dL/dz
+    return delta * x, delta
+    # END SOLUTION
+
+
+check("01.1", neuron_gradient)
+
+# %% [markdown]
 # ## 2. Checking a derivative with finite differences
 #
 # A derivative is a limit of slopes, so we can estimate it by evaluating the function twice.
@@ -91,9 +115,15 @@ print("dL/db  ", grad_b)
 #
 # $$f'(x) \approx \frac{f(x + h) - f(x - h)}{2h}$$
 #
-# is accurate to $O(h^2)$ (the $h^2 f'''/6$ terms of the two Taylor expansions do not
-# cancel, but the even ones do), against $O(h)$ for the one-sided $(f(x+h) - f(x))/h$.
-# For each weight we nudge that weight alone, up and down.
+# is accurate to $O(h^2)$, against $O(h)$ for the one-sided $(f(x+h) - f(x))/h$. Expand both
+# evaluations around $x$:
+#
+# $$f(x \pm h) = f(x) \pm h f'(x) + \tfrac{h^2}{2} f''(x) \pm \tfrac{h^3}{6} f'''(x) + O(h^4).$$
+#
+# In the difference the even terms ($f$, $\tfrac{h^2}{2}f''$) cancel and the odd ones add up:
+# $f(x+h) - f(x-h) = 2h f'(x) + \tfrac{h^3}{3} f'''(x) + O(h^5)$. So the $h^3 f'''/6$ terms of
+# the two expansions do not cancel; after the division by $2h$ they leave an error
+# $\tfrac{h^2}{6} f'''(x)$. For each weight we nudge that weight alone, up and down.
 
 # %%
 h = 1e-6
@@ -103,6 +133,27 @@ print("finite differences dL/dw", fd_w)
 print("finite differences dL/db", fd_b)
 assert np.allclose(grad_w, fd_w, rtol=1e-6, atol=1e-10)
 assert np.isclose(grad_b, fd_b, rtol=1e-6, atol=1e-10)
+
+# %% [markdown]
+# **Exercise 01.2.** Write the central difference $\bigl(f(x+h) - f(x-h)\bigr)/2h$ as a
+# function (it must work for a number `x` and, elementwise, for an array). The check tries it
+# on $f(x) = x^3$, where the derivation above says the result is exactly $3x^2 + h^2$.
+#
+# *Predict, then run:* for $f(x) = x^3$ at $x = 2$ with $h = 0.1$, what does the central
+# difference return, and what does the one-sided $(f(x+h) - f(x))/h$ return? (The next cell
+# prints both.)
+
+# %%
+def my_central_difference(f, x, h=1e-6):
+    """(f(x + h) - f(x - h)) / (2 h)."""
+    # BEGIN SOLUTION 01.2
+    return (f(x + h) - f(x - h)) / (2 * h)
+    # END SOLUTION
+
+
+if check("01.2", my_central_difference):
+    print("central :", my_central_difference(lambda v: v**3, 2.0, 0.1), "= 12 + h^2")
+print("one-sided:", ((2.1) ** 3 - 2.0**3) / 0.1, "= 12 + 3 x h + h^2 = 12 + 0.6 + 0.01")
 
 # %% [markdown]
 # Why $h = 10^{-6}$ and not as small as possible? Two errors compete. Truncation error

@@ -17,6 +17,11 @@
 # 5. broadcasting and its adjoint, `unbroadcast`;
 # 6. a two-layer MLP trained on a toy 2-D set with nothing but tensors and this engine.
 #
+# **Prerequisites:** lesson 1 (the chain rule, finite differences); NumPy broadcasting.
+#
+# **Exercises:** 02.1 (topological order) and 02.2 (backward with gradient accumulation) in a
+# micrograd-sized engine of your own, 02.3 (unbroadcast). Each is followed by a `check`.
+#
 # **In tinymlp:** `tinymlp/tensor.py` (the `Tensor` class), `tinymlp/autograd.py` (the
 # `Function` contract, `backward`, `unbroadcast`, `no_grad`: under 300 lines, worth reading
 # top to bottom after this lesson) and `tinymlp/ops/` (one small `Function` per operation).
@@ -29,8 +34,9 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import tinymlp
-from tinymlp import Function, F, no_grad, tensor
+from tinymlp import Function, F, no_grad, plot, tensor
 from tinymlp.autograd import unbroadcast
+from checks import check   # lessons/checks.py: one check per exercise
 
 rng = np.random.default_rng(0)
 
@@ -70,8 +76,18 @@ b = tensor([0.5, -1.0, 2.0], requires_grad=True, dtype="float64")
 prod = a * b
 y = (prod + a).sum()
 print("y =", y.item(), "| prod is a leaf?", prod.is_leaf, "| prod requires grad?", prod.requires_grad)
+plot.graph(y)      # the recorded graph: ops as boxes, tensors as ovals (leaves double-outlined)
 
-y.backward()
+# %% [markdown]
+# Inputs on the left, the result on the right; `a` feeds two ops. `tinymlp.plot.graph(t)`
+# draws the graph behind any tensor (`plot.to_dot(t)` gives Graphviz text for the same
+# graph). Now run backward. Normally it frees the graph as it goes (section 4);
+# `retain_graph=True` keeps it, so that we can draw it again, now with the gradients the
+# leaves received:
+
+# %%
+y.backward(retain_graph=True)
+plot.graph(y)
 print("dy/da =", a.grad, "  expected b + 1 =", b.data + 1)
 print("dy/db =", b.grad, "  expected a     =", a.data)
 assert np.allclose(a.grad, b.data + 1) and np.allclose(b.grad, a.data)
@@ -175,12 +191,106 @@ print("d(c * 1.0001^20000)/dc =", float(c.grad), " exact:", 1.0001**20_000)
 assert np.isclose(c.grad, 1.0001**20_000)
 
 # %% [markdown]
+# ### Your own engine, in thirty lines
+#
+# The engine's core fits on a screen, so write it yourself, the size of micrograd. A `Value`
+# is a number that remembers the `parents` it was computed from and the local derivatives
+# `local_grads` $= \partial\,\text{self}/\partial\,\text{parent}$, one per parent (the
+# ops below are given).
+
+# %%
+class Value:
+    """A scalar node: data, grad, the parents it was computed from, d(self)/d(parent) for each."""
+
+    def __init__(self, data, parents=(), local_grads=(), name=""):
+        self.data, self.grad = float(data), 0.0
+        self.parents, self.local_grads, self.name = tuple(parents), tuple(local_grads), name
+
+    def __add__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+        return Value(self.data + other.data, (self, other), (1.0, 1.0))
+
+    def __mul__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+        return Value(self.data * other.data, (self, other), (other.data, self.data))
+
+    def tanh(self):
+        t = np.tanh(self.data)
+        return Value(t, (self,), (1 - t * t,))
+
+    def __repr__(self):
+        return f"Value({self.name or round(self.data, 4)})"
+
+# %% [markdown]
+# **Exercise 02.1.** Return every node that `root` depends on (`root` included), each exactly
+# once, every node *after* all of its parents: a topological order. A depth-first search that
+# appends a node when all its parents are done gives one. (Use an explicit stack, or recursion:
+# our graphs are small.)
+
+# %%
+def topological_order(root):
+    """All nodes root depends on, each once, each after its parents."""
+    # BEGIN SOLUTION 02.1
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:                      # all parents are in the order: now the node
+            order.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in node.parents)
+    return order
+    # END SOLUTION
+
+
+check("02.1", topological_order)
+
+# %% [markdown]
+# **Exercise 02.2.** `backward(root)` sets every node's `.grad` to
+# $\partial\,\text{root}/\partial\,\text{node}$: reset all gradients to 0, seed
+# `root.grad = 1`, then visit the nodes in *reverse* topological order and pass each node's
+# gradient to its parents through the chain rule, `parent.grad += local * node.grad`. The `+=`
+# is the point: a node used twice (`x * x`) must receive the sum of both contributions.
+#
+# *Predict, then run:* with `a = Value(3.0)`, what is `a.grad` after `backward(a * a + a)`?
+# What would it be with `=` instead of `+=`?
+
+# %%
+def backward(root):
+    """Fill in .grad of every node root depends on: d root / d node."""
+    # BEGIN SOLUTION 02.2
+    order = topological_order(root)
+    for node in order:
+        node.grad = 0.0
+    root.grad = 1.0
+    for node in reversed(order):          # a node runs after every node that used it
+        for parent, local in zip(node.parents, node.local_grads):
+            parent.grad += local * node.grad
+    # END SOLUTION
+
+
+if check("02.2", backward):
+    a = Value(3.0, name="a")
+    backward(a * a + a)
+    print("d(a*a + a)/da at a = 3:", a.grad, "(2a + 1 = 7; with '=' one path would overwrite the other)")
+    # the same diamond as in tinymlp above: our engine agrees with the library's
+    xv = Value(0.5)
+    u_v = xv * 2.0
+    y_v = u_v.tanh() + u_v * 3.0
+    backward(y_v)
+    assert np.isclose(xv.grad, 2 * ((1 - np.tanh(1.0) ** 2) + 3))
+
+# %% [markdown]
 # ## 4. Gradients accumulate
 #
 # `backward()` *adds* into `.grad` (`+=`), it does not overwrite. That is what makes a
 # weight used in several places get the sum of its gradients, and what lets you accumulate
 # the gradients of several small batches before one update. The price: between two training
 # steps you must reset them, with `zero_grad()` on the tensors (or on the optimizer).
+#
+# *Predict, then run:* `loss = (wgt * inp).sum()` with `inp = [3, 4]`, and `backward()` three
+# times (a new graph each time). What is `wgt.grad` at the end?
 
 # %%
 wgt = tensor([1.0, -2.0], requires_grad=True, dtype="float64")
@@ -244,6 +354,27 @@ assert np.allclose(X.grad, G)
 g = np.ones((2, 4, 3))
 print("unbroadcast to (4, 1):", unbroadcast(g, (4, 1)).ravel(), "(each entry summed 2 x 3 = 6 ones)")
 assert unbroadcast(g, (4, 1)).shape == (4, 1) and np.all(unbroadcast(g, (4, 1)) == 6)
+
+# %% [markdown]
+# **Exercise 02.3.** Write `unbroadcast` yourself: given the gradient of a broadcast result and
+# the shape of one input, undo the two steps of broadcasting: sum over the leading axes that
+# broadcasting prepended, then over the axes where the input had size 1 (keeping them, with
+# `keepdims=True`).
+
+# %%
+def my_unbroadcast(grad, shape):
+    """Sum grad back to `shape`: the adjoint of broadcasting an array of that shape."""
+    # BEGIN SOLUTION 02.3
+    while grad.ndim > len(shape):
+        grad = grad.sum(axis=0)
+    for axis, n in enumerate(shape):
+        if n == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(axis=axis, keepdims=True)
+    return grad
+    # END SOLUTION
+
+
+check("02.3", my_unbroadcast)
 
 # %% [markdown]
 # The numerical gradient checker (lesson 3 shows how it works and how to read its report)

@@ -18,6 +18,11 @@
 #    naive composition of primitives;
 # 4. what the gradient cannot contain (shift and scale of a row), and the constant-row case.
 #
+# **Prerequisites:** lesson 3 (writing a `Function`, reading a gradcheck report); the chain rule
+# for several variables.
+#
+# **Exercises:** 04.1 (LayerNorm backward) and 04.2 (its Jacobian), each followed by a `check`.
+#
 # **In tinymlp:** `tinymlp/ops/norm.py` (`LayerNorm`, `layer_norm`), used by `nn.LayerNorm`
 # in `tinymlp/nn/layers.py`.
 
@@ -29,6 +34,7 @@ import matplotlib.pyplot as plt
 
 import tinymlp
 from tinymlp import F, Function, array_module, gradcheck, no_grad, tensor
+from checks import check   # lessons/checks.py: one check per exercise
 
 rng = np.random.default_rng(0)
 
@@ -76,7 +82,9 @@ print("row stds  after LN:", y.std(axis=1).round(5))
 #
 # $$\frac{\partial\mu}{\partial x_j} = \frac1D, \qquad
 #   \frac{\partial\sigma^2}{\partial x_j} = \frac2D\,(x_j - \mu)
-#   \quad\Bigl(\text{the path through } \mu \text{ contributes } -\tfrac2D\textstyle\sum_i (x_i - \mu) = 0\Bigr),$$
+#   \quad\Bigl(\text{the path through } \mu \text{ contributes }
+#   \frac{\partial\sigma^2}{\partial\mu}\,\frac{\partial\mu}{\partial x_j}
+#   = -\tfrac{2}{D}\textstyle\sum_i (x_i - \mu)\cdot\tfrac1D = -\tfrac{2}{D^2}\sum_i (x_i - \mu) = 0\Bigr),$$
 #
 # $$\frac{\partial r}{\partial x_j} = -\tfrac12(\sigma^2 + \varepsilon)^{-3/2}\,\frac{\partial\sigma^2}{\partial x_j}
 #   = -r^3\,\frac{x_j - \mu}{D} = -\frac{r^2}{D}\,\hat x_j .$$
@@ -99,7 +107,23 @@ print("row stds  after LN:", y.std(axis=1).round(5))
 # what it saves (not $x$, $\mu$, $\sigma^2$, which would have to be turned into $\hat x$ again).
 #
 # Before trusting the boxed formula, check the Jacobian of step 4 against finite
-# differences, column by column:
+# differences, column by column.
+#
+# **Exercise 04.2.** Return the $D\times D$ Jacobian $J_{ij} = \partial\hat x_i/\partial x_j$ of
+# step 4 for one row (no $\gamma$, $\beta$): compute $r$ and $\hat x$, then the formula.
+
+# %%
+def layer_norm_jacobian(row, eps=1e-5):
+    """J[i, j] = d x_hat_i / d x_j for one row x of length D."""
+    # BEGIN SOLUTION 04.2
+    D = row.shape[-1]
+    r = 1 / np.sqrt(row.var() + eps)
+    xh = (row - row.mean()) * r
+    return r * (np.eye(D) - 1 / D - np.outer(xh, xh) / D)
+    # END SOLUTION
+
+
+jacobian_done = check("04.2", layer_norm_jacobian)
 
 # %%
 def x_hat_of(row, eps=1e-5):
@@ -109,9 +133,8 @@ def x_hat_of(row, eps=1e-5):
 row = x_np[0]
 h = 1e-6
 J_numeric = np.stack([(x_hat_of(row + h * e) - x_hat_of(row - h * e)) / (2 * h) for e in np.eye(D)], axis=1)
-xh = x_hat_of(row)
 r = 1 / np.sqrt(row.var() + 1e-5)
-J_formula = r * (np.eye(D) - 1 / D - np.outer(xh, xh) / D)
+J_formula = layer_norm_jacobian(row) if jacobian_done else J_numeric   # the numbers stand in until 04.2 passes
 print("max |J_numeric - J_formula| =", np.abs(J_numeric - J_formula).max())
 assert np.allclose(J_numeric, J_formula, atol=1e-8)
 
@@ -127,6 +150,10 @@ assert np.allclose(eig[:2], 0, atol=1e-5) and np.allclose(eig[2:], r)
 
 # %% [markdown]
 # ## 3. A LayerNorm `Function`
+#
+# **Exercise 04.1.** Write `MyLayerNorm.backward`: $\partial\mathcal L/\partial\gamma$ and
+# $\partial\mathcal L/\partial\beta$ summed over every axis but the last (step 1), then
+# $g = G\odot\gamma$ and the boxed formula, from the saved $\hat x$ and $r$ only.
 
 # %%
 class MyLayerNorm(Function):
@@ -145,22 +172,28 @@ class MyLayerNorm(Function):
     @staticmethod
     def backward(ctx, grad):
         x_hat, r, gamma = ctx.saved_tensors
+        # BEGIN SOLUTION 04.1
         rows = tuple(range(grad.ndim - 1))                 # every axis but the last
         dgamma = (grad * x_hat).sum(axis=rows)
         dbeta = grad.sum(axis=rows)
         g = grad * gamma                                   # dL/dx_hat
         dx = r * (g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))
         return dx, dgamma, dbeta
+        # END SOLUTION
 
 
 def my_layer_norm(x, gamma, beta):
     return MyLayerNorm.apply(x, gamma, beta)
 
 
+layer_norm_done = check("04.1", MyLayerNorm)
+
+# %%
 x = tensor(rng.normal(size=(2, 3, D)) * 2 + 1, requires_grad=True, dtype="float64")
 gamma = tensor(gamma_np, requires_grad=True, dtype="float64")
 beta = tensor(beta_np, requires_grad=True, dtype="float64")
-print(gradcheck(my_layer_norm, (x, gamma, beta)))
+if layer_norm_done:
+    print(gradcheck(my_layer_norm, (x, gamma, beta)))
 
 # %% [markdown]
 # The library's `F.layer_norm` computes the same values and gradients (it does the row sums
@@ -169,15 +202,16 @@ print(gradcheck(my_layer_norm, (x, gamma, beta)))
 # %%
 upstream = rng.normal(size=x.shape)
 results = {}
-for name, fn in [("ours", my_layer_norm), ("F.layer_norm", F.layer_norm)]:
+for name, fn in [("ours", my_layer_norm), ("F.layer_norm", F.layer_norm)][0 if layer_norm_done else 1:]:
     xs_, gs_, bs_ = (tensor(t.numpy(), requires_grad=True, dtype="float64") for t in (x, gamma, beta))
     out = fn(xs_, gs_, bs_)
     out.backward(upstream)
     results[name] = (out.numpy(), xs_.grad, gs_.grad, bs_.grad)
-for label, a, b in zip(["y", "dx", "dgamma", "dbeta"], *results.values()):
-    assert np.allclose(a, b, rtol=1e-10, atol=1e-12), label
-assert np.allclose(results["ours"][0], layer_norm_reference(x.numpy(), gamma_np, beta_np))
-print("ours == F.layer_norm == the NumPy reference")
+if layer_norm_done:
+    for label, a, b in zip(["y", "dx", "dgamma", "dbeta"], *results.values()):
+        assert np.allclose(a, b, rtol=1e-10, atol=1e-12), label
+    print("ours == F.layer_norm == the NumPy reference")
+assert np.allclose(results["F.layer_norm"][0], layer_norm_reference(x.numpy(), gamma_np, beta_np))
 
 # %% [markdown]
 # ### Why not let autograd derive it?
@@ -214,6 +248,8 @@ def timed(fn, repeats=3):
 
 for name, fn in [("composed from primitives", composed_layer_norm), ("our Function", my_layer_norm),
                  ("F.layer_norm", F.layer_norm)]:
+    if fn is my_layer_norm and not layer_norm_done:
+        continue
     print(f"{name:25s} forward + backward: {1e3 * timed(fn):6.0f} ms")
 
 # %% [markdown]
