@@ -273,7 +273,7 @@ def test_float32_inputs_promoted_and_restored_bit_identically():
 )
 def test_planted_elementwise_bugs(backward, kind):
     x = leaf((3, 4), 7)
-    assert hint_of(tanh_with(backward).apply, (x,), "input0") == kind
+    assert hint_of(tanh_with(backward).apply, (x,), "x") == kind  # named after forward(ctx, x)
 
 
 def test_upstream_ignored_is_caught_even_with_ones():

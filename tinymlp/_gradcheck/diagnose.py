@@ -8,7 +8,11 @@ failing elements have in common, most specific clue first:
 * a constant ratio analytical / numerical: -1 (sign), 2 or 1/2, a dimension size n or
   1/n (mean vs sum), sqrt(n) (the 1/sqrt(d) of attention);
 * the failures sit at one boundary index (off by one) or in one part of an axis (a branch);
-* the analytical gradient is the numerical one transposed.
+* only some elements are off, by one factor: which ones (where the input is positive, which
+  rows), and that the others are right;
+* the analytical gradient is the numerical one transposed, or another tensor's (swapped);
+* every element fails without a simple pattern: what is still known (signs, correlation, the
+  range of a / n, an error proportional to an input times g).
 
 ``explain_engine_error`` does the same for a gradient the engine rejected outright (wrong
 shape or dtype: a transpose, a broadcast input whose gradient was not summed).
@@ -22,12 +26,16 @@ import math
 
 import numpy as np
 
-from .backend import to_device
-from .gradcheck_report import FAIL
+from ..backend import to_device
+from .report import FAIL, PASS
 
 
 def diagnose(run, c, result, checks, missing, linear):
     """Fill in pattern / hint / hint_kind: what the bad elements have in common, and why."""
+    if not linear and result.verdict == "ok":
+        result.verdict = "FAIL"
+    if result.hint_kind == "low_precision":  # checks.lost_precision has said it all
+        return
     if result.verdict == "NONDIFF":
         _explain_kink(run, c, result)
     elif result.verdict == "INCONCLUSIVE":
@@ -57,8 +65,11 @@ def _explain_failure(run, c, result, checks, missing, linear):
     name, a = c.name, result.analytical
     fails = [ch for ch in checks if ch.status == FAIL]
     elements = [ch for ch in fails if not isinstance(ch.index, str)]
+    n_elements = len(checks) - result.n_directions
     where = ", ".join(ch.where(name) for ch in elements[:3]) + (" ..." if len(elements) > 3 else "")
-    result.pattern = f"{len(fails)} of {result.checked} checks fail" + (f": {where}" if elements else "")
+    result.pattern = f"{len(elements)} of {n_elements} elements fail" + (f": {where}" if elements else "")
+    if result.n_directions:
+        result.pattern += f"; {len(fails) - len(elements)} of {result.n_directions} random directions fail"
     if not fails:
         result.pattern = "every check agrees with the numerical gradient, but backward(2g) != 2 backward(g)"
 
@@ -71,8 +82,9 @@ def _explain_failure(run, c, result, checks, missing, linear):
         result.hint = ("the numerical estimate is not finite: forward is NaN/inf near the inputs, "
                        "or the step is lost to rounding")
     elif fails and not elements:
-        result.hint = ("the sampled elements agree but random directions do not: the error sits in elements "
-                       "that were not sampled; rerun with mode='full' (or a larger n_coords) to find them")
+        result.hint = (f"the {n_elements} sampled elements agree but random directions do not: the error sits "
+                       f"in elements that were not sampled; rerun with mode='full' (or a larger n_coords) "
+                       "to find them")
     elif missing or not np.any(a):
         result.hint_kind = "no_gradient"
         result.hint = (f"no gradient reached {name!r}: backward returns None/zeros for it, "
@@ -85,17 +97,142 @@ def _explain_failure(run, c, result, checks, missing, linear):
         # A ratio shared by several elements is the stronger clue; one element always has "a ratio".
         ratio = _common_ratio(run, elements)
         location = _location(checks, c.tensor.shape, name)
+        subset = _which_fail(c, checks)
         if ratio is not None and (ratio[2] >= 2 or location is None) and _ratio_hint(run, result, *ratio):
-            if location is not None:
+            if subset is not None:
+                _only_some(result, ratio[0], subset)
+            elif location is not None:
                 result.pattern += f"; {location[1]}"
         elif location is not None:
             result.hint_kind, result.pattern, result.hint = location
             if ratio is not None:
                 result.pattern += f"; there analytical / numerical = {ratio[0]:.4g}"
+            if subset is not None:
+                result.pattern += f"; the other {subset[2] - subset[1]} elements are right"
         elif _transpose_hint(run, result):
             pass
         elif all(ch.numerical == 0 for ch in elements):
             result.hint = f"the output does not depend on {name!r} numerically, yet backward gives it one"
+        elif len(elements) == n_elements:
+            _still_known(run, c, result, elements)
+    if result.n_directions and "random directions" not in result.pattern:
+        result.pattern += f"; {len(fails) - len(elements)} of {result.n_directions} random directions fail"
+
+
+def _which_fail(c, checks):
+    """(text, n_fail, n_elements) when some elements fail and all the others are certified right:
+    the failing ones described by the sign of the tensor's value or by rows / columns; else None."""
+    elements = [ch for ch in checks if not isinstance(ch.index, str)]
+    fail = np.array([ch.status == FAIL for ch in elements])
+    right = np.array([ch.status == PASS for ch in elements])
+    if not fail.any() or fail.all() or not (fail | right).all():
+        return None
+    counts = (int(fail.sum()), len(elements))
+    shape = c.tensor.shape
+    pos = np.array([ch.index for ch in elements]).reshape(len(elements), len(shape))
+    values = np.asarray(to_device(c.tensor.data, "cpu"))[tuple(pos.T)] if shape else \
+        np.full(len(elements), float(to_device(c.tensor.data, "cpu")))
+    name = c.name
+    tests = ((values > 0, f"{name} > 0"), (values < 0, f"{name} < 0"), (values == 0, f"{name} == 0"))
+    for mask, text in tests:
+        if np.array_equal(fail, mask):
+            return f"exactly the elements where {text}", *counts
+    for axis, size in enumerate(shape):
+        failing = np.unique(pos[fail, axis])
+        if len(failing) < size and np.array_equal(np.isin(pos[:, axis], failing), fail):
+            label = {0: "row", 1: "column"}[axis] if len(shape) == 2 else f"index along axis {axis}"
+            listed = ", ".join(map(str, failing[:6])) + (" ..." if len(failing) > 6 else "")
+            plural = "s" if len(failing) > 1 and len(shape) == 2 else ""
+            return f"exactly {label}{plural} {listed} of {name!r}", *counts
+    for mask, text in tests:
+        if mask.any() and not (fail & ~mask).any():
+            return f"all where {text} ({counts[0]} of the {int(mask.sum())} elements where {text})", *counts
+    return f"{counts[0]} of {counts[1]} elements", *counts
+
+
+def _only_some(result, r, subset):
+    """A common ratio on some elements only: say which ones, and that the others are right."""
+    text, n_fail, n = subset
+    result.pattern += f"; the other {n - n_fail} of {n} elements are right; the failing ones are {text}"
+    if result.hint_kind is None:
+        result.hint_kind = "partial_scale"
+        cause = ("a factor applied in one branch of a piecewise formula or a mask (np.where, x > 0)"
+                 if "where" in text else "a factor applied to some positions only (an index range, a mask, "
+                                         "a loop that treats the first or last position apart)")
+        result.hint = (f"only {n_fail} of {n} elements are off by the factor {r:.4g} ({text}), the others "
+                       f"are right: {cause}, not a scale missing everywhere")
+    else:
+        result.hint += f"; but only for {n_fail} of {n} elements ({text}): look at the branch that computes them"
+
+
+def _still_known(run, c, result, elements):
+    """Every element fails and no simple pattern fits: say what is still known."""
+    a = np.array([ch.analytical for ch in elements])
+    n = np.array([ch.numerical for ch in elements])
+    facts = [f"signs agree on {int(np.sum(np.sign(a) == np.sign(n)))} of {len(a)} elements"]
+    corr = None
+    if len(a) >= 3 and a.std() > 0 and n.std() > 0:
+        corr = float(np.corrcoef(a, n)[0, 1])
+        facts.append(f"correlation of analytical and numerical {corr:.2f}")
+    big = np.abs(n) > run.settings.atol_eff
+    if big.sum() >= 2:
+        ratios = a[big] / n[big]
+        facts.append(f"analytical / numerical from {ratios.min():.3g} to {ratios.max():.3g} (no single factor)")
+    result.pattern = f"all {len(a)} elements fail; " + "; ".join(facts)
+    result.hint_kind = "wrong_formula"
+    proportional = _proportional_error(run, c, elements, a - n)
+    if proportional is not None:
+        result.pattern += f"; analytical - numerical = {proportional} exactly"
+        result.hint = (f"the error is proportional to an input: backward has a term {proportional} too many "
+                       "(or with the wrong sign or factor); compare that term with the derivation")
+    elif corr is not None and corr > 0.5:
+        result.hint = ("the right trend but wrong values: a term of the derivative is missing or has the "
+                       "wrong sign (not a scale of the whole gradient); write out each term of "
+                       "d(forward)/d(input) and compare it with backward")
+    elif corr is not None and corr < -0.5:
+        result.hint = "mostly the opposite sign: the main term of the derivative has the wrong sign"
+    else:
+        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved "
+                       "value, or the gradients of two inputs returned in the wrong order")
+
+
+def _proportional_error(run, c, elements, err):
+    """'k x expr' when a - n = k * expr, expr an input of c's shape, or g times it; else None."""
+    outputs_g = [g for g in run.ev.upstream if g.size == c.size]
+    g = np.asarray(to_device(outputs_g[0], "cpu")).reshape(c.tensor.shape) if len(outputs_g) == 1 else None
+    pos = tuple(np.array([ch.index for ch in elements]).reshape(len(elements), -1).T)
+    for other in run.checked:
+        if other.tensor.shape != c.tensor.shape or not c.tensor.shape:
+            continue
+        values = np.asarray(to_device(other.tensor.data, "cpu"), dtype=np.float64)
+        for label, v in ((other.name, values), (f"g * {other.name}", None if g is None else g * values)):
+            if v is None:
+                continue
+            v = v[pos]
+            if not np.any(v):
+                continue
+            k = float(v @ err / (v @ v))
+            if k != 0 and np.linalg.norm(err - k * v) <= 1e-6 * np.linalg.norm(err):
+                return f"{k:.4g} x {label}"
+    return None
+
+
+def diagnose_across(run, results):
+    """Two failing tensors of one shape whose gradients are each other's: returned swapped."""
+    failing = [r for r in results.values() if r.verdict == "FAIL" and r.analytical is not None
+               and r.numerical is not None and not np.isnan(r.numerical).any()]
+    tol = dict(rtol=10 * run.settings.rtol, atol=run.settings.atol_eff)
+    for i, ra in enumerate(failing):
+        for rb in failing[i + 1:]:
+            if ra.shape != rb.shape or not (np.allclose(ra.analytical, rb.numerical, **tol)
+                                            and np.allclose(rb.analytical, ra.numerical, **tol)):
+                continue
+            for r, other in ((ra, rb), (rb, ra)):
+                r.hint_kind = "swapped"
+                r.pattern = (f"the analytical gradient of {r.name!r} equals the numerical gradient of "
+                             f"{other.name!r}, and the other way round")
+                r.hint = (f"backward returns the gradients of {ra.name!r} and {rb.name!r} in swapped order: "
+                          "swapping them would pass; return one gradient per input, in forward's order")
 
 
 # ------------------------------------------------------------------------------- the clues
@@ -221,6 +358,11 @@ def explain_engine_error(result, parsed):
     """The engine rejected the gradient backward produced for this tensor (shape or dtype)."""
     result.verdict, result.error = "FAIL", parsed["text"]
     result.pattern = f"backward raised: {parsed['text']}"
+    if parsed["kind"] == "count":  # the engine counted: fewer gradients than inputs
+        result.hint_kind = "too_few_gradients"
+        result.hint = (f"{parsed['fn']}.backward returned {parsed['got']} gradient(s) for {parsed['want']} inputs: "
+                       "return one gradient per input of forward, in order (None where none is needed)")
+        return
     if parsed["kind"] == "dtype":
         result.hint = (f"{parsed['fn']}.backward returns a {parsed['got']} gradient for a {parsed['want']} "
                        "input: a constant or astype of another dtype in backward; keep the input's dtype")

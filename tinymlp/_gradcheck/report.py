@@ -14,11 +14,13 @@ import numpy as np
 HINT_KINDS = (
     "sign", "factor2", "half", "mean_vs_sum", "scale_sqrt_d", "transpose", "broadcast_not_summed",
     "no_gradient", "upstream_ignored", "kink", "partial_branch", "boundary", "nan", "wrong_shape",
+    "partial_scale", "wrong_formula", "swapped", "low_precision", "too_few_gradients",
 )
 """The values ``TensorResult.hint_kind`` can take (besides None)."""
 
 PROBLEM_KINDS = (
-    "nondeterministic", "mutated_input", "downcast", "unpromoted_tensor", "not_restored", "no_output",
+    "nondeterministic", "mutated_input", "downcast", "low_precision", "unpromoted_tensor", "not_restored",
+    "no_output",
 )
 """Problems with the forward function as a whole, found before any gradient is compared."""
 
@@ -64,7 +66,9 @@ class TensorResult:
     hint_kind: str | None = None  # one of HINT_KINDS, or None
     pattern: str | None = None
     trust: str | None = None
+    source: str | None = None  # the Function(s) whose backward computed this gradient (the "from" line)
     error: str | None = None  # an error raised by the engine during this tensor's backward
+    n_directions: int = 0  # sampled mode: how many of the checks are random directions
     worst: list = field(default_factory=list)  # the worst ElementChecks, worst first
     numerical: np.ndarray | None = None  # float64, NaN where not checked (sampled mode)
     analytical: np.ndarray | None = None
@@ -72,6 +76,15 @@ class TensorResult:
     @property
     def ok(self) -> bool:
         return self.verdict == "ok"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def n_elements(self) -> int:
+        """How many elements were compared one by one (the other checks are directions)."""
+        return self.checked - self.n_directions
 
 
 class GradcheckReport:
@@ -119,6 +132,14 @@ class GradcheckReport:
         return kinds | {kind for kind, _ in self.problems}
 
     def summary(self) -> str:
+        """The report as text (also ``str(report)`` and the message of ``GradcheckError``).
+
+        A header with the settings and any PROBLEM with the forward as a whole; a table with one
+        row per checked tensor (elements checked, failing, unverified, largest errors, verdict);
+        for each tensor that is not ok, its worst elements and the ``pattern`` / ``likely`` /
+        ``from`` / ``trust`` lines; and a ``reproduce:`` line. ``help(tinymlp.gradcheck)``
+        explains each part.
+        """
         return _format_report(self)
 
     __str__ = summary
@@ -150,6 +171,7 @@ class Settings:
     deterministic: bool | None = None
     restored: bool | None = None
     options: dict = field(default_factory=dict)  # non-default arguments, for the reproduce line
+    call: str = "tinymlp.gradcheck(fn, inputs{options})"  # the call, "{options}" where they go
 
     @property
     def atol_eff(self):
@@ -183,9 +205,14 @@ def _format_report(report) -> str:
             lines += _details(r)
         elif r.pattern:
             lines.append(f"note {r.name}: {r.pattern}")
+    for r in report.per_tensor.values():
+        if r.mode.startswith("sampled") and r.n_directions:
+            lines.append(f"note {r.name}: sampled mode checked {r.n_elements} of {r.size:,} elements and "
+                         f"{r.n_directions} random directions; to check every element pass mode='full' "
+                         f"({2 * r.size:,} forwards), with wrt=[{r.name!r}] to check only this tensor")
     if report.verdict != "PASS":
-        options = "".join(f", {k}={v!r}" for k, v in s.options.items())
-        lines.append(f"reproduce: tinymlp.gradcheck(fn, inputs{options}, seed={s.seed})")
+        options = "".join(f", {k}={v!r}" for k, v in s.options.items()) + f", seed={s.seed}"
+        lines.append(f"reproduce: {s.call.replace('{options}', options)}")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -207,6 +234,8 @@ def _table(results):
                   f"{r.max_abs_err:.1e}", f"{r.max_rel_err:.1e}")
         if not r.checked:  # backward raised, or the forward could not be checked at all
             counts = ("-",) * 5
+        if r.checked and r.mode.startswith("sampled") and r.n_directions:
+            counts = (f"{r.n_elements} of {r.size} + {r.n_directions} dir", *counts[1:])
         rows.append((f"{r.kind} {r.name}", str(r.shape).replace(" ", ""), *counts, r.verdict))
     widths = [max(len(row[k]) for row in [header, *rows]) for k in range(len(header))]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
@@ -219,7 +248,10 @@ def _details(r):
     count = {"FAIL": r.n_fail, "NONDIFF": r.n_nondiff, "INCONCLUSIVE": r.n_unverified}[r.verdict]
     lines = []
     if r.worst:
-        lines.append(f"{r.verdict} {r.name} - worst {len(r.worst)} of {count} {noun} ({r.mode} mode):")
+        split = ""
+        if r.n_directions:
+            split = f", of {r.n_elements} elements and {r.n_directions} random directions"
+        lines.append(f"{r.verdict} {r.name} - worst {len(r.worst)} of {count} {noun} ({r.mode} mode{split}):")
         cells = [("index", "numerical", "analytical", "abs err", "rel err")]
         for ch in r.worst:
             index = ch.index if isinstance(ch.index, str) else "[" + ",".join(map(str, ch.index)) + "]"
@@ -229,7 +261,7 @@ def _details(r):
         lines += ["  " + "   ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     else:
         lines.append(f"{r.verdict} {r.name}:")
-    for label, text in (("pattern", r.pattern), ("likely", r.hint), ("trust", r.trust)):
+    for label, text in (("pattern", r.pattern), ("likely", r.hint), ("from", r.source), ("trust", r.trust)):
         if text:
             lines.append(f"  {label:<8}: {text}")
     return lines + [""]
