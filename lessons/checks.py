@@ -390,7 +390,7 @@ def _softmax_ex(cls):
     _gc(softmax, (x,))
 
 
-@exercise("05.2", "attention backward (dQ, dK, dV)")
+@exercise("05.3", "attention backward (dQ, dK, dV)")
 def _attention_ex(cls):
     rng = _rng(8)
     q, k, v = _t(rng.normal(size=(2, 4, 5))), _t(rng.normal(size=(2, 6, 5))), _t(rng.normal(size=(2, 6, 3)))
@@ -403,7 +403,7 @@ def _attention_ex(cls):
     _gc(attention, (q, k, v))
 
 
-@exercise("05.3", "cross-entropy backward")
+@exercise("05.2", "cross-entropy backward")
 def _cross_entropy(cls):
     rng = _rng(9)
     logits = _t(rng.normal(size=(6, 5)) * 2)

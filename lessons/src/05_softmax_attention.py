@@ -16,8 +16,15 @@
 # 3. sinusoidal position encodings: the encoding at $t + \phi$ is a rotation of the one at $t$;
 # 4. an image as a sequence of patch tokens, as ViT (and Mixer, and gMLP) see it.
 #
+# **Prerequisites:** lessons 3 and 4 (writing a `Function`, deriving a backward pass with a
+# row-wise reduction).
+#
+# **Exercises:** 05.1 (softmax backward), 05.2 (softmax cross-entropy backward, derived from
+# log-sum-exp), 05.3 (attention backward: $dQ$, $dK$, $dV$), 05.4 (the rotation that shifts a
+# position encoding).
+#
 # **In tinymlp:** `tinymlp/ops/attention.py` (`softmax`, `attention`, each with its fused
-# backward), `tinymlp/models/vit.py` (`sinusoidal_embedding`, the ViT), `tinymlp/nn/layers.py`
+# backward), `tinymlp/ops/loss.py` (softmax cross-entropy), `tinymlp/models/vit.py` (`sinusoidal_embedding`, the ViT), `tinymlp/nn/layers.py`
 # (`PatchEmbedding`), `tinymlp/nn/attention.py` (single- and multi-head attention layers).
 
 # %%
@@ -27,7 +34,8 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import tinymlp
-from tinymlp import F, gradcheck, nn, no_grad, tensor
+from tinymlp import F, Function, array_module, gradcheck, nn, no_grad, tensor
+from checks import check   # lessons/checks.py: one check per exercise
 from tinymlp.data import SyntheticImages
 from tinymlp.models import sinusoidal_embedding
 
@@ -93,6 +101,86 @@ assert np.allclose(xt.grad, J.T @ g) and np.allclose(xt.grad, p * (g - g @ p))
 print("F.softmax backward == J^T g == p * (g - <g, p>)")
 print(gradcheck(F.softmax, (tensor(rng.normal(size=(3, 6)), requires_grad=True, dtype="float64"),)).summary())
 
+# %% [markdown]
+# **Exercise 05.1.** Write `MySoftmax.backward` over the last axis: $p\odot(g - \langle g, p\rangle)$,
+# one dot product per row, from the saved $p$ alone.
+
+# %%
+class MySoftmax(Function):
+    """p = softmax(x) over the last axis; dL/dx = p * (g - <g, p>) row by row."""
+
+    @staticmethod
+    def forward(ctx, x):
+        xp = array_module(x)
+        e = xp.exp(x - x.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        # BEGIN SOLUTION 05.1
+        return p * (grad - (grad * p).sum(axis=-1, keepdims=True))
+        # END SOLUTION
+
+
+check("05.1", MySoftmax)
+
+# %% [markdown]
+# ### Softmax cross-entropy, derived from log-sum-exp
+#
+# A classifier's loss for logits $x \in \mathbb R^K$ and the true class $y$ is the negative
+# log-probability of that class, $\ell = -\log p_y$. Write it with the *log-sum-exp*
+# $\operatorname{LSE}(x) = \log\sum_k e^{x_k}$:
+#
+# $$\ell = -\log\frac{e^{x_y}}{\sum_k e^{x_k}} = \operatorname{LSE}(x) - x_y .$$
+#
+# The derivative of LSE is the softmax: $\dfrac{\partial\operatorname{LSE}}{\partial x_j}
+# = \dfrac{e^{x_j}}{\sum_k e^{x_k}} = p_j$. And $\partial x_y/\partial x_j = [j = y]$. So
+#
+# $$\frac{\partial\ell}{\partial x} = p - e_y ,$$
+#
+# the probabilities minus the one-hot target: no Jacobian, no division by $p_y$ (which could
+# be 0 in floating point). Over a batch of $N$ rows the loss is the mean, so row $n$ gets
+# $(p_n - e_{y_n})/N$, times the incoming gradient $g$ of the scalar loss (1 when the loss is
+# the root). Forward is computed the same stable way: $\operatorname{LSE}(x) = m + \log\sum_k
+# e^{x_k - m}$ with $m = \max_k x_k$, so nothing overflows and $\log$ never sees 0. Each
+# row's gradient sums to 0 ($\sum_j p_j = 1$): raising all logits together changes nothing.
+#
+# **Exercise 05.2.** Write `MyCrossEntropy.backward`: one gradient for the logits (the labels
+# are integers and get none: return `None` for them). Now gradcheck yours: the check does.
+
+# %%
+class MyCrossEntropy(Function):
+    """loss = mean over rows of LSE(x_n) - x_n[y_n];  dL/dx = g (softmax(x) - onehot(y)) / N."""
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        xp = array_module(logits)
+        m = logits.max(axis=-1, keepdims=True)
+        lse = m + xp.log(xp.exp(logits - m).sum(axis=-1, keepdims=True))     # (N, 1)
+        rows = xp.arange(logits.shape[0])
+        ctx.save_for_backward(xp.exp(logits - lse), labels)                  # p, and the labels
+        return (lse[:, 0] - logits[rows, labels]).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, labels = ctx.saved_tensors
+        # BEGIN SOLUTION 05.2
+        d = p.copy()
+        d[array_module(p).arange(p.shape[0]), labels] -= 1     # p - onehot(y)
+        return grad * d / p.shape[0], None
+        # END SOLUTION
+
+
+if check("05.2", MyCrossEntropy):
+    logits_ = tensor(rng.normal(size=(4, 3)), requires_grad=True, dtype="float64")
+    labels_ = np.array([0, 2, 1, 2])
+    MyCrossEntropy.apply(logits_, labels_).backward()
+    print("each row of dL/dx sums to", logits_.grad.sum(axis=1).round(15))
+    assert np.isclose(MyCrossEntropy.apply(logits_, labels_).item(), F.cross_entropy(logits_, labels_).item())
+
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
 axes[0].bar(range(5), p)
@@ -127,12 +215,75 @@ assert np.allclose(O, O_lib)
 print("F.attention == softmax(Q K^T / sqrt(d)) V")
 
 # %% [markdown]
+# ### The backward pass of attention
+#
+# Walk the three lines of forward backwards, given $G = \partial\mathcal L/\partial O$
+# $(n, d_v)$. Each step is one we already know.
+#
+# 1. $O = PV$ is a matrix product (lesson 3): $\dfrac{\partial\mathcal L}{\partial V} = P^\top G$
+#    $(m, d_v)$ and $dP := \dfrac{\partial\mathcal L}{\partial P} = G V^\top$ $(n, m)$.
+# 2. $P = \operatorname{softmax}_\text{row}(S)$: row by row the softmax backward of section 1,
+#    $dS = P \odot \bigl(dP - \operatorname{rowsum}(dP \odot P)\bigr)$.
+# 3. $S = QK^\top/\sqrt d$ is a matrix product with a constant factor. With
+#    $dS$ in hand, $d\mathcal L = \langle dS, dQ\,K^\top\rangle/\sqrt d + \langle dS, Q\,dK^\top\rangle/\sqrt d$, so
+#
+# $$\frac{\partial\mathcal L}{\partial Q} = \frac{1}{\sqrt d}\,dS\,K, \qquad
+#   \frac{\partial\mathcal L}{\partial K} = \frac{1}{\sqrt d}\,dS^\top Q, \qquad
+#   \frac{\partial\mathcal L}{\partial V} = P^\top G .$$
+#
+# The scale $1/\sqrt d$ enters $dQ$ and $dK$, exactly once each, and not $dV$ (V never meets
+# it). Shapes check the rest: $dS\,K$ is $(n, d)$ like $Q$, $dS^\top Q$ is $(m, d)$ like $K$.
+# What to save: $Q$, $K$, $V$ and $P$ (recomputing $P$ would cost a second softmax). A
+# masked score has $P_{ij} = 0$, so its $dS_{ij} = 0$ too: masks need no extra code in backward.
+#
+# **Exercise 05.3.** Write `MyAttention.backward` for batched inputs $(\dots, n, d)$: use
+# `swapaxes(-1, -2)` for the transposes so that leading batch axes ride along. Then gradcheck
+# yours: the check runs `tinymlp.gradcheck` with $n \ne m$ and $d \ne d_v$.
+
+# %%
+class MyAttention(Function):
+    """O = softmax(Q K^T / sqrt(d)) V over the last two axes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        xp = array_module(q)
+        scale = 1 / np.sqrt(q.shape[-1])
+        s = (q @ k.swapaxes(-1, -2)) * scale
+        e = xp.exp(s - s.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return p @ v
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, p = ctx.saved_tensors
+        # BEGIN SOLUTION 05.3
+        dv = p.swapaxes(-1, -2) @ grad                           # P^T G
+        dp = grad @ v.swapaxes(-1, -2)                           # G V^T
+        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))     # softmax backward, row by row
+        dq = (ds @ k) * ctx.scale                                # 1/sqrt(d) dS K
+        dk = (ds.swapaxes(-1, -2) @ q) * ctx.scale               # 1/sqrt(d) dS^T Q
+        return dq, dk, dv
+        # END SOLUTION
+
+
+if check("05.3", MyAttention):
+    ours = MyAttention.apply(*(tensor(a, dtype="float64") for a in (Q, K, V))).numpy()
+    assert np.allclose(ours, O_lib)
+    print("MyAttention == F.attention")
+
+# %% [markdown]
 # **Why divide by $\sqrt d$?** If the entries of $q$ and $k$ are independent with variance 1,
 # $q\cdot k = \sum_{c=1}^d q_c k_c$ is a sum of $d$ terms of variance 1: its standard
 # deviation is $\sqrt d$. Unscaled, wider heads produce larger logits, the softmax saturates
 # to a one-hot row, and its Jacobian $\operatorname{diag}(p) - pp^\top$ goes to zero: no
 # gradient reaches $Q$ and $K$. Dividing by $\sqrt d$ keeps the logits at standard deviation 1
 # whatever the width.
+#
+# *Predict, then run:* 64 keys, random queries and keys of width $d = 1024$. Without the scale,
+# how large is the largest weight of a row, on average (uniform would be $1/64 \approx 0.016$)?
+# And with it?
 
 # %%
 widths = [4, 16, 64, 256, 1024]
@@ -250,17 +401,26 @@ plt.show()
 # A shift in position is a fixed linear map, one a layer can learn, which is what lets
 # attention find "the token three places to the left" wherever it is.
 
+# %% [markdown]
+# **Exercise 05.4.** Build $M(\phi)$: a $d\times d$ matrix of zeros with, for each frequency
+# $\omega_i$, the $2\times2$ rotation above in rows and columns $2i, 2i+1$.
+
 # %%
 def rotation(phi, omega):
     """Block-diagonal M(phi): one 2x2 rotation by omega_i * phi per (sin, cos) channel pair."""
+    # BEGIN SOLUTION 05.4
     M = np.zeros((2 * len(omega), 2 * len(omega)))
     for i, w in enumerate(omega):
         c, s = np.cos(w * phi), np.sin(w * phi)
         M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, s], [-s, c]]
     return M
+    # END SOLUTION
 
 
-for phi in (1, 5, 17):
+rotation_done = check("05.4", rotation)
+
+# %%
+for phi in (1, 5, 17) if rotation_done else ():
     M = rotation(phi, omega)
     shifted = PE[:-phi] @ M.T                       # row t: M(phi) p_t
     err = np.abs(shifted - PE[phi:]).max()
