@@ -160,12 +160,20 @@ def token_mixing_weights(model, path=None, block=0, max_units=None, cols=None, g
     tiles = w[:, :units].T.reshape(units, gh, gw)
     cols = cols or math.ceil(math.sqrt(units))
     rows = math.ceil(units / cols)
-    fig = _figure(max(3.0, 0.55 * cols + 0.5), max(2.5, 0.55 * rows + 0.8))
+    fig = _figure(max(4.5, 0.55 * cols + 1.5), max(3.5, 0.55 * rows + 1.6))
     ax = fig.subplots()
-    _show(ax, _mosaic(tiles, cols), vmax=1.0)
-    ax.set_title(f"token-mixing weights, block {block}: {units} hidden units on the {gh}x{gw} patch grid",
+    im = _show(ax, _mosaic(tiles, cols), vmax=1.0)
+    ax.set_title(f"token-mixing weights, block {block}:\n{units} hidden units on the {gh}x{gw} patch grid",
                  fontsize=9)
+    bar = fig.colorbar(im, ax=ax, shrink=0.8, ticks=[-1, 0, 1])
+    bar.set_label("weight / unit's max |weight|", fontsize=8)
+    fig.supxlabel(TOKEN_MIXING_CAPTION, fontsize=7, wrap=True)
     return _save(fig, path)
+
+
+TOKEN_MIXING_CAPTION = ("Each tile is one hidden unit; each pixel, one patch's weight. Red: the unit adds that "
+                        "patch (positive weight); blue: it subtracts it (negative); white: it ignores it; "
+                        "grey: gaps between tiles.")
 
 
 # ---------------------------------------------------------------------- gMLP spatial weights
