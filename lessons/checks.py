@@ -433,7 +433,7 @@ def _rotation(rotation):
 
 
 # ------------------------------------------------------------------------------ lesson 6
-@exercise("06.1", "token-mixing block from Linear layers")
+@exercise("06.2", "token-mixing block from Linear layers")
 def _token_mixing(cls):
     rng = _rng(10)
     S, C, H = 6, 5, 4
@@ -455,7 +455,7 @@ def _token_mixing(cls):
     _gc(block, (_t(x),))
 
 
-@exercise("06.2", "a Mixer block's parameter count")
+@exercise("06.1", "a Mixer block's parameter count")
 def _mixer_params(mixer_block_parameters):
     for S, C, DS, DC in [(16, 32, 24, 64), (196, 512, 256, 2048), (4, 3, 2, 5)]:
         want = 2 * (2 * C) + (S * DS + DS + DS * S + S) + (C * DC + DC + DC * C + C)

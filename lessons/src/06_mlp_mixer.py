@@ -16,6 +16,11 @@
 # 3. training a small Mixer on the synthetic set (seconds), and a control without token mixing;
 # 4. the learned token-mixing weights, seen as images.
 #
+# **Prerequisites:** lessons 3-5 (Linear, GELU, LayerNorm; patches as tokens).
+#
+# **Exercises:** 06.1 (a block's parameter count), 06.2 (the token-mixing block from Linear
+# layers), 06.3 (its floating-point operations).
+#
 # **In tinymlp:** `tinymlp/models/mixer.py` (`MLP`, `MixerBlock`, `MLPMixer`, about 100 lines
 # that read like the paper), built from `tinymlp/nn` layers; `tinymlp/plot.py` draws the weights.
 
@@ -29,6 +34,7 @@ import tinymlp
 from tinymlp import F, nn, no_grad, optim, tensor
 from tinymlp.data import DataLoader, Normalize, SyntheticImages
 from tinymlp.models import MLP, MixerBlock, MLPMixer, ViTBlock
+from checks import check   # lessons/checks.py: one check per exercise
 
 rng = np.random.default_rng(0)
 
@@ -58,12 +64,78 @@ block = MixerBlock(num_tokens=S, dim=C, token_mlp_dim=D_S, channel_mlp_dim=D_C, 
 for name, p in block.named_parameters():
     print(f"{name:24s} {tuple(p.shape)}")
 
+# %% [markdown]
+# **Exercise 06.1.** How many parameters does one block have? Two LayerNorms over $C$ (a
+# weight and a bias each), the token MLP ($S\to D_S\to S$) and the channel MLP
+# ($C\to D_C\to C$), each two `Linear`s with biases. Write the count as a formula.
+
 # %%
+def mixer_block_parameters(S, C, D_S, D_C):
+    """The number of parameters of one Mixer block."""
+    # BEGIN SOLUTION 06.1
+    norms = 2 * (2 * C)
+    token_mlp = S * D_S + D_S + D_S * S + S
+    channel_mlp = C * D_C + D_C + D_C * C + C
+    return norms + token_mlp + channel_mlp
+    # END SOLUTION
+
+
+if check("06.1", mixer_block_parameters):
+    counted = sum(p.size for p in block.parameters())
+    print(f"formula {mixer_block_parameters(S, C, D_S, D_C):,} == the block's {counted:,} parameters")
+    assert mixer_block_parameters(S, C, D_S, D_C) == counted
+
+# %% [markdown]
+# **Exercise 06.2.** The token-mixing half of a block, from `nn.Linear` layers: normalise
+# over the channels, transpose $(B, S, C) \to (B, C, S)$ so that the token MLP runs along the
+# last axis, `fc1`, GELU, `fc2`, transpose back, and add the residual:
+# $U = X + \bigl(\mathrm{GELU}(\mathrm{LN}(X)^\top W_1 + b_1)\,W_2 + b_2\bigr)^\top$ per sample.
+# (`F.gelu`, `x.transpose(0, 2, 1)`.)
+
+# %%
+class TokenMixing(nn.Module):
+    """x + T(MLP_S(T(LN(x)))) on tokens x of shape (B, S, C), T the transpose of the last two axes."""
+
+    def __init__(self, num_tokens, dim, hidden, rng=None):
+        super().__init__()
+        rng = np.random.default_rng(rng)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.fc1 = nn.Linear(num_tokens, hidden, rng=rng)     # weight (S, D_S)
+        self.fc2 = nn.Linear(hidden, num_tokens, rng=rng)     # weight (D_S, S)
+
+    def forward(self, x):
+        # BEGIN SOLUTION 06.2
+        h = self.norm(x).transpose(0, 2, 1)                   # (B, C, S): tokens on the last axis
+        h = self.fc2(F.gelu(self.fc1(h)))                     # the token MLP, shared by channels
+        return x + h.transpose(0, 2, 1)                       # back to (B, S, C), plus the residual
+        # END SOLUTION
+
+
+token_mixing_done = check("06.2", TokenMixing)
+
+# %% [markdown]
+# The library's block has the same pieces under the names `norm1` and `token_mlp`
+# (`token_mlp.fc1.weight` is $(S, D_S)$); it is the first line of `MixerBlock.forward`.
+# Copy its weights into yours and compare:
+
+# %%
+def token_mixing(h):
+    """The library block's token MLP along the token axis of h (B, S, C)."""
+    return block.token_mlp(h.transpose(0, 2, 1)).transpose(0, 2, 1)
+
+
 x = tensor(rng.normal(size=(2, S, C)))                       # (batch, tokens, channels)
-h = block.norm1(x)
-mixed = block.token_mlp(h.transpose(0, 2, 1)).transpose(0, 2, 1)   # the MLP over the token axis
-assert np.allclose(mixed.numpy(), block.mix_tokens(h).numpy())
+mixed = token_mixing(block.norm1(x))
 print("x", x.shape, "-> token mixing -> ", mixed.shape, "-> block ->", block(x).shape)
+if token_mixing_done:
+    mine = TokenMixing(S, C, D_S)
+    for mine_p, theirs in [(mine.norm.weight, block.norm1.weight), (mine.norm.bias, block.norm1.bias),
+                           (mine.fc1.weight, block.token_mlp.fc1.weight), (mine.fc1.bias, block.token_mlp.fc1.bias),
+                           (mine.fc2.weight, block.token_mlp.fc2.weight), (mine.fc2.bias, block.token_mlp.fc2.bias)]:
+        mine_p.data[...] = theirs.data
+    with no_grad():
+        assert np.allclose(mine(x).numpy(), (x + mixed).numpy(), atol=1e-5)
+    print("TokenMixing == the library block's token-mixing half")
 
 # %% [markdown]
 # ### Who talks to whom
@@ -91,7 +163,7 @@ ch3[0, :, 3] += rng.normal(size=S)
 
 panels = {
     "channel MLP, token 5 perturbed": change(block.channel_mlp, x_np, tok5),
-    "token mixing, channel 3 perturbed": change(block.mix_tokens, x_np, ch3),
+    "token mixing, channel 3 perturbed": change(token_mixing, x_np, ch3),
     "whole block, token 5 perturbed": change(block, x_np, tok5),
 }
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
@@ -128,6 +200,25 @@ assert changed["whole block, token 5 perturbed"].all()
 # so a Mixer is built for one number of tokens (one image resolution and patch size), while
 # the same attention block accepts any $S$.
 #
+# **Exercise 06.3.** Write the Mixer block's count, $4\,S\,D_S\,C + 4\,S\,C\,D_C$, as a function
+# of its four sizes, and make sure you can say where each term comes from.
+#
+# *Predict, then run:* doubling $S$ from 1024 to 2048, by what factor does each block's forward
+# time grow?
+
+# %%
+def mixer_block_flops(S, C, D_S, D_C):
+    """Floating-point operations of one Mixer block's forward pass, for one image."""
+    # BEGIN SOLUTION 06.3
+    token_mixing = 2 * (S * D_S * C) * 2       # two matrix products of S x D_S multiply-adds, per channel
+    channel_mixing = 2 * (C * D_C * S) * 2     # two matrix products of C x D_C multiply-adds, per token
+    return token_mixing + channel_mixing
+    # END SOLUTION
+
+
+check("06.3", mixer_block_flops)
+
+# %% [markdown]
 # Measure it: one Mixer block and one Transformer block (`tinymlp.models.ViTBlock`, 4 heads),
 # both with $C = 64$ and $D_C = 256$ (and $D_S = 64$), forward pass on 4 sequences of $S$
 # tokens, best of three runs. (On a busy machine timings are noisy; the shape of the curves
