@@ -32,6 +32,7 @@ gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: ca
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import weakref
@@ -40,6 +41,31 @@ from .backend import device_of
 from .tensor import Tensor
 
 __all__ = ["Context", "Function", "GradientMismatchError", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
+
+
+# --------------------------------------------------------------------------- the fast-tier hook
+class _FastTier:
+    """The one dispatch hook of the engine (filled and switched by ``tinymlp.fast``).
+
+    ``impls[(Function, device)]`` is a drop-in implementation of a reference Function on a
+    device ("cpu" or "cuda"): a subclass with the same forward/backward contract, tested
+    against the reference. ``Function.apply`` runs it instead of the reference while
+    ``enabled`` (``TINYMLP_FAST=0`` in the environment turns it off at import).
+    """
+
+    enabled = os.environ.get("TINYMLP_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
+    impls: dict = {}
+
+
+_fast = _FastTier()
+
+
+def _implementation(fn, arrays):
+    """The class whose forward/backward run: the fast tier's, when one is registered and on."""
+    if not _fast.enabled or not _fast.impls:
+        return fn
+    on_gpu = any(type(a).__module__.startswith("cupy") for a in arrays)
+    return _fast.impls.get((fn, "cuda" if on_gpu else "cpu"), fn)
 
 
 class _GradMode(threading.local):
@@ -120,9 +146,11 @@ class GradientMismatchError(RuntimeError):
 
 
 class Context:
-    """What one application of a Function remembers; also the node of the graph.
+    """What one application of a Function remembers (the ``ctx`` of forward and backward);
+    also the node of the graph.
 
-    Attributes: ``needs_input_grad`` (a bool per positional input), ``saved_tensors``
+    For forward: ``ctx.save_for_backward(*arrays)`` keeps arrays for backward, which reads
+    them back as ``ctx.saved_tensors``. Attributes: ``needs_input_grad`` (a bool per positional input), ``saved_tensors``
     (what ``save_for_backward`` stored), ``input_shapes`` and ``input_dtypes`` (of the
     positional inputs; None for inputs that are not arrays), ``retain_graph`` (False while
     backward runs for the last time: the engine drops what forward saved right after, so
@@ -168,24 +196,70 @@ def _node_of(t):
 
 
 class Function:
-    """Base class of every differentiable operation. Subclass it; call ``MyOp.apply(...)``."""
+    """Base class of every differentiable operation. Subclass it; call ``MyOp.apply(...)``.
+
+    The contract (as in ``torch.autograd.Function``)::
+
+        class Scale(Function):
+            @staticmethod
+            def forward(ctx, x, w):          # raw arrays in (NumPy or CuPy), one array out
+                ctx.save_for_backward(x, w)
+                return x * w
+
+            @staticmethod
+            def backward(ctx, grad):         # grad: dL/d(output), the output's shape
+                x, w = ctx.saved_tensors
+                return grad * w, unbroadcast(grad * x, w.shape)   # one per input, in order
+
+        y = Scale.apply(x, w)                # Tensors in, a Tensor out, the graph recorded
+
+    * ``forward(ctx, *arrays, **options)`` computes the output from arrays and saves what
+      backward needs on ``ctx``;
+    * ``backward(ctx, grad)`` returns one gradient per positional input of forward, in the
+      same order, each of that input's shape and dtype (a tuple when there are several; None
+      for an input that needs no gradient: ``ctx.needs_input_grad[i]`` says which do). A
+      broadcast input gets its gradient summed back with ``unbroadcast(grad, shape)``;
+    * ``ctx`` (a ``Context``) offers ``save_for_backward(*arrays)``, ``saved_tensors``,
+      ``needs_input_grad``, ``input_shapes``, ``input_dtypes``; forward may also set its own
+      attributes (``ctx.axis = axis``) for backward.
+
+    ``tinymlp.gradcheck(MyOp.apply, (x, w))`` checks backward against finite differences.
+    """
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
+        """Compute the output array from the input arrays; save on ``ctx`` what backward needs.
+
+        Receives raw arrays (``Tensor.data``), never Tensors, plus any keyword options, and
+        returns one array. It must not modify its inputs in place.
+        """
         raise NotImplementedError
 
     @staticmethod
     def backward(ctx, grad):
+        """Given ``grad`` = dL/d(output), return dL/d(input) for every positional input of forward.
+
+        One gradient per input, in forward's order (a tuple if more than one), each with its
+        input's shape and dtype, or None where ``ctx.needs_input_grad[i]`` is False. Plain
+        array code: backward builds no graph.
+        """
         raise NotImplementedError
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        """Run the op on Tensors (or arrays and constants): ``MyOp.apply(x, w, axis=1)``.
+
+        Unwraps the Tensors to arrays, calls ``forward`` and wraps the result in a Tensor; when
+        an input requires grad (and grad mode is on) the ``ctx`` becomes the output's node of
+        the graph, so that ``backward`` is called during ``y.backward()``.
+        """
         arrays = [a.data if isinstance(a, Tensor) else a for a in args]
         _check_same_device(cls, args, arrays)
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = _grad_mode.enabled and any(needs)
-        ctx = Context(cls, args, needs) if record else _NoGraphContext(len(args))
-        out = cls.forward(ctx, *arrays, **kwargs)
+        impl = _implementation(cls, arrays)   # the reference itself, or its fast-tier stand-in
+        ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
+        out = impl.forward(ctx, *arrays, **kwargs)
         result = Tensor._from_op(out, ctx if record else None)
         if record:
             ctx.output = weakref.ref(result)

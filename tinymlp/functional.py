@@ -11,9 +11,10 @@ from .ops.gating import spatial_gating, toeplitz_1d, toeplitz_2d
 from .ops.linear import linear
 from .ops.loss import cross_entropy
 from .ops.norm import layer_norm
+from .ops.shape import patchify
 from .ops import relu, sigmoid, tanh
 
 __all__ = [
     "attention", "cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax",
-    "relu", "sigmoid", "softmax", "spatial_gating", "tanh", "toeplitz_1d", "toeplitz_2d",
+    "patchify", "relu", "sigmoid", "softmax", "spatial_gating", "tanh", "toeplitz_1d", "toeplitz_2d",
 ]

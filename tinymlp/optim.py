@@ -13,18 +13,14 @@ hyperparameters that apply to them (``lr``, ``weight_decay``, ...), as in PyTorc
         opt.step()
         sched.step()
 
-``step()`` is plain array code on ``param.data`` and ``param.grad`` (NumPy or CuPy, through
-``xp``): it updates the parameters *in place*, builds no graph and never writes into a
-gradient. Parameters whose ``.grad`` is None are skipped (their state does not advance).
+``step()`` updates every parameter that has a gradient, *in place*, one parameter at a time,
+with the update written as the paper writes it (``update`` of each class). Its state (Adam's
+two moments, SGD's momentum, the step count) is kept per parameter in ``self.state``.
+Parameters whose ``.grad`` is None are skipped (their state does not advance).
 
-Speed. The optimizer runs once per training step over every parameter, so it is written as a
-few passes over whole buffers rather than a Python loop of small array expressions: each
-group keeps its state (Adam's two moments, SGD's momentum) in one flat contiguous array, the
-gradients are gathered into another flat array with one ``concatenate``, the update is a
-handful of in-place ufuncs (``out=``, no temporaries) over all parameters at once (on the CPU
-in cache-sized pieces), and each parameter then takes its slice of the result with one in-place
-subtraction. Nothing is allocated after the first step. Hyperparameters enter as Python
-floats, which NumPy treats as "weak" scalars: float32 stays float32.
+Fast tier: ``tinymlp/fast/optim.py`` runs the same updates over ONE flat buffer per group (a
+handful of in-place passes over all parameters at once, in cache-sized pieces); the state
+arrays here then become views of its buffers, so both tiers read and write the same state.
 """
 
 from __future__ import annotations
@@ -33,17 +29,15 @@ import math
 
 import numpy as np
 
+from . import fast
 from .backend import array_module, device_of, to_device
+from .fast import optim as fast_optim
 from .tensor import Tensor
 
 __all__ = [
     "SGD", "Adam", "AdamW", "Optimizer", "param_groups",
     "LRSchedule", "WarmupLinear", "WarmupCosine", "clip_grad_norm",
 ]
-
-_CHUNK = 1 << 16
-"""On the CPU the update walks the flat buffers in pieces of this many values (256 KiB of
-float32 per buffer), so that its ten or so passes run in the cache instead of main memory."""
 
 
 def _as_param_list(params, what="params"):
@@ -89,71 +83,16 @@ def param_groups(model, weight_decay, no_decay=("bias", "norm", "cls_token", "po
     return [g for g in groups if g["params"]]
 
 
-class _FlatState:
-    """One group's state: each named buffer is ONE flat array over all the group's parameters.
-
-    Parameter ``i`` owns ``buf[starts[i]:stops[i]]`` (``view`` gives it in the parameter's
-    shape). ``grad`` receives the gathered gradients and ``work`` the update; both are reused
-    from step to step. ``steps[i]`` counts the updates parameter ``i`` has received.
-    """
-
-    def __init__(self, params, names):
-        first = params[0].data
-        self.device, self.dtype = device_of(first), first.dtype
-        for p in params:
-            if device_of(p.data) != self.device or p.data.dtype != self.dtype:
-                raise ValueError(
-                    "an optimizer param group must hold parameters of one dtype on one device; found "
-                    f"{self.dtype} on {self.device} and {p.data.dtype} on {device_of(p.data)}: "
-                    "put them in separate groups"
-                )
-        self.shapes = [p.shape for p in params]
-        self.stops, end = [], 0
-        for p in params:
-            end += p.size
-            self.stops.append(end)
-        self.starts = [0] + self.stops[:-1]
-        self.steps = [0] * len(params)
-        xp = array_module(first)
-        self.bufs = {}
-        self.grad = xp.empty(end, dtype=self.dtype)
-        self.work = xp.empty(end, dtype=self.dtype)
-        self.ensure(names)
-
-    def ensure(self, names):
-        xp = array_module(self.grad)
-        for name in names:
-            if name not in self.bufs:
-                self.bufs[name] = xp.zeros(self.grad.size, dtype=self.dtype)
-
-    def view(self, flat, i):
-        return flat[self.starts[i]:self.stops[i]].reshape(self.shapes[i])
-
-    def follow(self, first):
-        """Move/cast the buffers if the parameters moved (``model.to(...)`` after creation)."""
-        device, dtype = device_of(first), first.dtype
-        if device == self.device and dtype == self.dtype:
-            return
-        self.device, self.dtype = device, dtype
-
-        def move(a):
-            return to_device(a, device).astype(dtype, copy=False)
-
-        self.bufs = {k: move(v) for k, v in self.bufs.items()}
-        self.grad, self.work = move(self.grad), move(self.work)
-
-
 class Optimizer:
-    """Base class: param groups, the flat state, ``step``, ``zero_grad``, ``state_dict``.
+    """Base class: param groups, per-parameter state, ``step``, ``zero_grad``, ``state_dict``.
 
-    A subclass sets ``decoupled_weight_decay`` and defines ``_state_names(group)`` (the flat
-    buffers it keeps) and ``_direction(group, g, bufs, out, t)``, which writes ``lr`` times the
-    update direction into ``out`` (the step is then ``p -= out``). It works on any matching
-    slices of the flat buffers: pieces of all of them in the usual case, or one parameter's
-    slice at a time when parameters are at different steps (after a missing gradient).
+    A subclass defines ``state_names(group)`` (the arrays it keeps per parameter, created as
+    zeros) and ``update(p, g, state, group)``, which changes the parameter array ``p`` in place
+    from its gradient ``g`` and its ``state`` (a dict with ``"step"``, already counting this
+    step, and the named arrays). ``fast_kind`` names its flat-buffer version in the fast tier.
     """
 
-    decoupled_weight_decay = False
+    fast_kind = None
 
     def __init__(self, params, defaults):
         self.defaults = dict(defaults)
@@ -178,7 +117,8 @@ class Optimizer:
                 seen.add(id(p))
             self._check_hyper(group)
             self.param_groups.append(group)
-        self._state = [None] * len(self.param_groups)
+        self.state = [[None] * len(g["params"]) for g in self.param_groups]   # state[group][i]
+        self._flat = None    # the fast tier's buffers (tinymlp/fast/optim.py)
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_hyper(self, group):
@@ -213,61 +153,38 @@ class Optimizer:
             for p in group["params"]:
                 p.grad = None
 
-    def _group_state(self, gi) -> _FlatState:
-        group = self.param_groups[gi]
-        fs = self._state[gi]
-        if fs is None:
-            fs = self._state[gi] = _FlatState(group["params"], self._state_names(group))
-        else:
-            fs.follow(group["params"][0].data)
-            fs.ensure(self._state_names(group))
-        return fs
-
     def step(self):
         """Update every parameter that has a gradient, in place."""
+        if self.fast_kind and fast.is_enabled():
+            return fast_optim.step(self)
         for gi, group in enumerate(self.param_groups):
-            params = group["params"]
-            live = [i for i, p in enumerate(params) if p.grad is not None]
-            if not live:
-                continue
-            fs = self._group_state(gi)
-            xp = array_module(fs.grad)
-            lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+            for i, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                state = self.param_state(gi, i)
+                state["step"] += 1
+                self.update(p.data, p.grad, state, group)
 
-            if len(live) == len(params) and fs.steps.count(fs.steps[0]) == len(params):
-                # the usual case: all parameters at the same step, so the update runs over the
-                # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
-                xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
-                t, n = fs.steps[0] + 1, fs.grad.size
-                chunk = _CHUNK if xp is np else n
-                pieces = [(slice(a, a + chunk), t) for a in range(0, n, chunk)]
-            else:  # some gradients missing, or parameters at different steps: one piece each
-                for i in live:
-                    fs.view(fs.grad, i)[...] = params[i].grad
-                pieces = [(slice(fs.starts[i], fs.stops[i]), fs.steps[i] + 1) for i in live]
+    def param_state(self, gi, i):
+        """The state of parameter ``i`` of group ``gi`` (zeros and step 0 before its first update)."""
+        p, group = self.param_groups[gi]["params"][i], self.param_groups[gi]
+        state = self.state[gi][i]
+        if state is None:
+            xp = array_module(p.data)
+            state = {"step": 0, **{name: xp.zeros_like(p.data) for name in self.state_names(group)}}
+            self.state[gi][i] = state
+        for name in self.state_names(group):   # a parameter moved (model.to(...)) after the state was made
+            if name not in state:
+                state[name] = array_module(p.data).zeros_like(p.data)
+            elif device_of(state[name]) != device_of(p.data) or state[name].dtype != p.data.dtype:
+                state[name] = to_device(state[name], device_of(p.data)).astype(p.data.dtype)
+                self._flat = None
+        return state
 
-            if wd and not self.decoupled_weight_decay:  # L2 penalty: g <- g + wd * p
-                for i in live:
-                    scratch = fs.view(fs.work, i)
-                    xp.multiply(params[i].data, wd, out=scratch)
-                    g = fs.view(fs.grad, i)
-                    g += scratch
-
-            for where, t in pieces:
-                bufs = {name: buf[where] for name, buf in fs.bufs.items()}
-                self._direction(group, fs.grad[where], bufs, fs.work[where], t)
-
-            for i in live:
-                p = params[i].data
-                if wd and self.decoupled_weight_decay:  # AdamW: p <- p - lr * wd * p
-                    p *= 1.0 - lr * wd
-                p -= fs.view(fs.work, i)
-                fs.steps[i] += 1
-
-    def _state_names(self, group):
+    def state_names(self, group):
         return ()
 
-    def _direction(self, group, g, bufs, out, t):
+    def update(self, p, g, state, group):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ state
@@ -284,14 +201,9 @@ class Optimizer:
             n = len(group["params"])
             saved = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
             groups.append({**saved, "params": list(range(index, index + n))})
-            fs = self._state[gi]
-            if fs is not None:
-                for i in range(n):
-                    if fs.steps[i]:
-                        entry = {"step": fs.steps[i]}
-                        for name, buf in fs.bufs.items():
-                            entry[name] = to_device(fs.view(buf, i), "cpu").copy()
-                        state[index + i] = entry
+            for i, entry in enumerate(self.state[gi]):
+                if entry is not None and entry["step"]:
+                    state[index + i] = {k: (v if k == "step" else to_device(v, "cpu").copy()) for k, v in entry.items()}
             index += n
         return {"state": state, "param_groups": groups}
 
@@ -319,7 +231,7 @@ class Optimizer:
                 continue
             gi, i = where[int(key)]
             group = self.param_groups[gi]
-            names = set(self._state_names({**group, **groups[gi], "params": None}))
+            names = set(self.state_names({**group, **groups[gi], "params": None}))
             have = set(entry) - {"step"}
             if have != names:
                 problems.append(f"parameter {key}: state has {sorted(have)}, {name} needs {sorted(names)}")
@@ -338,13 +250,15 @@ class Optimizer:
             for k, v in saved.items():
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) else v
-        self._state = [None] * len(self.param_groups)
+        self.state = [[None] * len(g["params"]) for g in self.param_groups]
+        self._flat = None
         for key, entry in state_dict["state"].items():
             gi, i = where[int(key)]
-            fs = self._group_state(gi)
-            fs.steps[i] = int(entry["step"])
-            for name, buf in fs.bufs.items():
-                fs.view(buf, i)[...] = to_device(entry[name], fs.device)
+            p = self.param_groups[gi]["params"][i]
+            state = self.param_state(gi, i)
+            state["step"] = int(entry["step"])
+            for name in self.state_names(self.param_groups[gi]):
+                state[name][...] = to_device(np.asarray(entry[name]), device_of(p.data))
 
 
 class SGD(Optimizer):
@@ -353,10 +267,12 @@ class SGD(Optimizer):
     As in PyTorch (no dampening), with g the gradient and mu the momentum::
 
         g <- g + wd * p                         (weight decay as an L2 penalty)
-        b <- mu * b + g                         (b = g at the first step)
+        b <- mu * b + g                         (b = g at the first step: b starts at 0)
         d <- g + mu * b  if nesterov  else  b   (d = g when mu = 0)
         p <- p - lr * d
     """
+
+    fast_kind = "sgd"
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
         if momentum < 0:
@@ -365,24 +281,17 @@ class SGD(Optimizer):
             raise ValueError("SGD: nesterov=True needs a momentum > 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
 
-    def _state_names(self, group):
+    def state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] else ()
 
-    def _direction(self, group, g, bufs, out, t):
-        xp = array_module(g)
-        lr, mu = float(group["lr"]), float(group["momentum"])
-        if not mu:
-            xp.multiply(g, lr, out=out)
-            return
-        b = bufs["momentum_buffer"]
-        b *= mu
-        b += g  # a zero buffer makes the first step b = g, as PyTorch's
-        if group["nesterov"]:
-            xp.multiply(b, mu, out=out)
-            out += g
-            out *= lr
-        else:
-            xp.multiply(b, lr, out=out)
+    def update(self, p, g, state, group):
+        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+        g = g + wd * p
+        if mu:
+            b = state["momentum_buffer"]
+            b[...] = mu * b + g
+            g = g + mu * b if group["nesterov"] else b
+        p -= lr * g
 
 
 class Adam(Optimizer):
@@ -394,11 +303,10 @@ class Adam(Optimizer):
         m <- b1 * m + (1 - b1) * g              first moment
         v <- b2 * v + (1 - b2) * g^2            second moment
         p <- p - lr * m_hat / (sqrt(v_hat) + eps),   m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
-
-    The last line is computed in the paper's cheaper order (its section 2): with c1 = 1 - b1^t
-    and c2 = 1 - b2^t it equals (lr sqrt(c2) / c1) * m / (sqrt(v) + eps sqrt(c2)), one pass
-    fewer over the buffers.
     """
+
+    fast_kind = "adam"
+    decoupled_weight_decay = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -407,25 +315,21 @@ class Adam(Optimizer):
             raise ValueError(f"{type(self).__name__}: eps must be >= 0, got {eps}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def _state_names(self, group):
+    def state_names(self, group):
         return ("exp_avg", "exp_avg_sq")
 
-    def _direction(self, group, g, bufs, out, t):
-        xp = array_module(g)
-        b1, b2 = (float(b) for b in group["betas"])
-        m, v = bufs["exp_avg"], bufs["exp_avg_sq"]
-        xp.multiply(g, 1.0 - b1, out=out)  # m <- b1 m + (1 - b1) g
-        m *= b1
-        m += out
-        xp.multiply(g, g, out=out)  # v <- b2 v + (1 - b2) g^2
-        out *= 1.0 - b2
-        v *= b2
-        v += out
-        c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
-        xp.sqrt(v, out=out)  # out <- lr m_hat / (sqrt(v_hat) + eps)
-        out += float(group["eps"]) * root_c2
-        xp.divide(m, out, out=out)
-        out *= float(group["lr"]) * root_c2 / c1
+    def update(self, p, g, state, group):
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        if self.decoupled_weight_decay:
+            p -= lr * wd * p                    # AdamW: shrink the weights directly
+        else:
+            g = g + wd * p                      # Adam: an L2 penalty through the moments
+        m[...] = b1 * m + (1 - b1) * g
+        v[...] = b2 * v + (1 - b2) * g * g
+        m_hat = m / (1 - b1**t)
+        v_hat = v / (1 - b2**t)
+        p -= lr * m_hat / (array_module(p).sqrt(v_hat) + eps)
 
 
 class AdamW(Adam):

@@ -4,8 +4,8 @@ On the GPU every NumPy-style line (``t = x * x``, ``t += 1``, ``tanh(t, out=t)``
 kernel launch and one trip of the whole array through GPU memory. The ops below are memory
 bound, so a kernel that reads each input once and writes each output once is several times
 faster than the same formula written with arrays. Each function here is an *optimisation* of
-the generic ``xp`` code in ``tinymlp/ops/*.py``, which stays the readable reference: the math,
-its derivation and the CPU path live there, and ``tests/test_cuda.py`` checks every kernel
+the reference ops in ``tinymlp/ops/*.py``, which stay the readable reference: the math,
+its derivation live there; the fast-tier ops of this package call these kernels on CUDA, and ``tests/test_cuda.py`` checks every kernel
 against that reference (float32 and float64, odd widths, one row, one token).
 
     op (file)                          function here                   CuPy mechanism

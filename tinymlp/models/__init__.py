@@ -1,13 +1,13 @@
 """The models of the course work, built from ``tinymlp.nn`` layers, one file each:
 
-- ``classifier.py``: what Mixer and gMLP share around their blocks (stem, token-major layout, head),
 - ``mixer.py``: MLP-Mixer (token-mixing and channel-mixing MLPs),
 - ``gmlp.py``:  gMLP (spatial gating unit) and aMLP (gMLP + tiny attention),
 - ``vit.py``:   the Vision Transformer baseline,
 - ``presets.py``: named configurations (``create("mixer_cifar")``) and their parameter counts.
 
 Every model maps images (B, C, H, W) to logits (B, num_classes) and starts with a zero head,
-so its first loss is ln(num_classes).
+so its first loss is ln(num_classes). Between the patch embedding and the head, tokens are
+(B, S, C) arrays; each forward has a shape comment per line.
 """
 
 from .gmlp import AMLP, GMLP, GMLPBlock

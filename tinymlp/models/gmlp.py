@@ -24,19 +24,15 @@ aMLP adds a tiny single-head attention, computed from the block's *normalised in
     s(Z) = Z_1 * (W LN(Z_2) + b + TinyAttn(X^))
 
 The classifier ends like Mixer's: LayerNorm, mean over tokens, zero-initialised head.
-
-Layout. As MLPMixer, GMLP keeps its activations token-major, (S, B, dim), between the stem
-and the head: the SGU's three (S, S) token-mixing products are then each one matrix product
-over the whole batch, read and written without strided passes (see ``F.spatial_gating``).
-A GMLPBlock takes the usual (B, S, dim) by default; the model calls it with ``token_axis=0``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..nn import LayerNorm, Linear, Module, Sequential, SpatialGatingUnit, TinyAttention
-from .classifier import PatchClassifier
+from .. import functional as F
+from ..nn import LayerNorm, Linear, Module, PatchEmbedding, Sequential, SpatialGatingUnit, TinyAttention, init
+from .mixer import check_gelu, require_positive
 
 __all__ = ["GMLPBlock", "GMLP", "AMLP"]
 
@@ -51,59 +47,72 @@ def gate_width(ffn_dim, sgu_variant="split"):
 
 
 class GMLPBlock(Module):
-    """x + proj_out(SGU(GELU(proj_in(LN(x))))), on tokens x of shape (B, S, dim).
+    """Y = X + s(GELU(LN(X) U)) V on tokens x of shape (B, S, dim).
 
-    With ``attn_dim`` set it is an aMLP block: ``attn`` (TinyAttention on LN(x)) feeds the
-    SGU's ``gate_residual``. ``block(x, token_axis=0)`` takes a token-major x, (S, B, dim), as
-    GMLP does.
+    With ``attn_dim`` set it is an aMLP block: ``attn`` (TinyAttention on X^ = LN(X)) feeds the
+    SGU's gate residual. ``mask`` (B, S) marks the real tokens of padded text for the attention.
+    ``sgu_eps`` is the eps of the SGU's LayerNorm (None: ``eps``; timm's gMLP uses 1e-5).
     """
 
     def __init__(self, seq_len, dim, ffn_dim, attn_dim=None, sgu_variant="split", toeplitz=None,
-                 causal=False, grid=None, eps=1e-6, rng=None):
+                 causal=False, grid=None, eps=1e-6, gelu="tanh", sgu_eps=None, rng=None):
         super().__init__()
         width = gate_width(ffn_dim, sgu_variant)
         self.causal = causal
+        self.approximate = check_gelu(gelu) == "tanh"
         self.norm = LayerNorm(dim, eps=eps)
-        self.proj_in = Linear(dim, ffn_dim, rng=rng, activation="gelu")   # GELU(X^ U + b_U), fused
-        self.sgu = SpatialGatingUnit(seq_len, ffn_dim, variant=sgu_variant, toeplitz=toeplitz,
-                                     causal=causal, grid=grid, eps=eps, rng=rng)
+        self.proj_in = Linear(dim, ffn_dim, rng=rng)
+        self.sgu = SpatialGatingUnit(seq_len, ffn_dim, variant=sgu_variant, toeplitz=toeplitz, causal=causal,
+                                     grid=grid, eps=eps if sgu_eps is None else sgu_eps, rng=rng)
         self.proj_out = Linear(width, dim, rng=rng)
         self.attn = TinyAttention(dim, width, attn_dim, rng=rng) if attn_dim else None
 
-    def forward(self, x, token_axis=1):
-        h = self.norm(x)
-        gate_residual = None
+    def forward(self, x, mask=None):                                   # x: (B, S, dim)
+        h = self.norm(x)                                               # X^ = LN(X)          (B, S, dim)
+        z = F.gelu(self.proj_in(h), self.approximate)                  # Z = GELU(X^ U + b)  (B, S, ffn)
+        a = None
         if self.attn is not None:
-            gate_residual = self.attn(h, causal=self.causal, token_axis=token_axis)
-        z = self.proj_in(h)
-        return x + self.proj_out(self.sgu(z, gate_residual=gate_residual, token_axis=token_axis))
+            a = self.attn(h, mask=mask, causal=self.causal)            # TinyAttn(X^)        (B, S, ffn/2)
+        s = self.sgu(z, gate_residual=a)                               # s(Z)                (B, S, ffn/2)
+        return x + self.proj_out(s)                                    # Y = X + s(Z) V + b  (B, S, dim)
 
 
-class GMLP(PatchClassifier):
+class GMLP(Module):
     """gMLP image classifier (aMLP with ``attn_dim``): images (B, C_in, H, W) -> logits (B, num_classes).
 
-    Stem, pooling and head are ``PatchClassifier``'s (classifier.py); the blocks are GMLPBlocks.
     ``toeplitz``: None (dense W), "1d" (Toeplitz over the token index) or "2d" (Toeplitz over
     the patch grid, the shift-invariant form for images; ``True`` means "2d").
     """
 
     def __init__(self, image_size, patch_size, in_channels, num_classes, dim, depth, ffn_dim,
-                 attn_dim=None, sgu_variant="split", toeplitz=None, causal=False, eps=1e-6, seed=0):
-        rng = np.random.default_rng(seed)
-        super().__init__(image_size, patch_size, in_channels, dim, rng)
+                 attn_dim=None, sgu_variant="split", toeplitz=None, causal=False, eps=1e-6,
+                 gelu="tanh", sgu_eps=None, seed=0):
+        super().__init__()
+        require_positive(type(self).__name__, num_classes=num_classes, dim=dim, depth=depth, ffn_dim=ffn_dim)
         if toeplitz is True:
             toeplitz = "2d"
         toeplitz = toeplitz or None
         self.config = dict(image_size=image_size, patch_size=patch_size, in_channels=in_channels,
                            num_classes=num_classes, dim=dim, depth=depth, ffn_dim=ffn_dim,
                            attn_dim=attn_dim, sgu_variant=sgu_variant, toeplitz=toeplitz,
-                           causal=causal, eps=eps, seed=seed)
+                           causal=causal, eps=eps, gelu=check_gelu(gelu), sgu_eps=sgu_eps, seed=seed)
+        rng = np.random.default_rng(seed)
+        self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, dim, rng=rng)
         seq_len, grid = self.patch_embed.num_patches, self.patch_embed.grid
         self.blocks = Sequential(*[
-            GMLPBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, grid, eps, rng=rng)
+            GMLPBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, grid, eps, gelu, sgu_eps, rng=rng)
             for _ in range(depth)
         ])
-        self._add_head(dim, num_classes, eps, rng)
+        self.norm = LayerNorm(dim, eps=eps)
+        self.head = Linear(dim, num_classes, rng=rng)
+        init.zeros(self.head.weight)           # zero head: initial logits 0, initial loss ln(K)
+        init.zeros(self.head.bias)
+
+    def forward(self, images):                 # images: (B, C_in, H, W)
+        x = self.patch_embed(images)           # (B, S, dim)
+        x = self.blocks(x)                     # (B, S, dim)
+        x = self.norm(x).mean(axis=1)          # (B, dim): the average over tokens
+        return self.head(x)                    # (B, num_classes)
 
 
 class AMLP(GMLP):

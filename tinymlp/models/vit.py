@@ -25,7 +25,7 @@ from ..backend import array_module
 from ..nn import (
     LayerNorm, Linear, Module, MultiHeadSelfAttention, Parameter, PatchEmbedding, Sequential, init,
 )
-from .mixer import MLP
+from .mixer import MLP, check_gelu, require_positive
 
 __all__ = ["ViTBlock", "ViT", "sinusoidal_embedding"]
 
@@ -43,16 +43,16 @@ def sinusoidal_embedding(num_positions, dim):
 class ViTBlock(Module):
     """Pre-norm Transformer encoder block on tokens x of shape (B, N, D)."""
 
-    def __init__(self, dim, heads, mlp_dim, dropout=0.0, eps=1e-6, rng=None):
+    def __init__(self, dim, heads, mlp_dim, dropout=0.0, eps=1e-6, gelu="tanh", rng=None):
         super().__init__()
         self.norm1 = LayerNorm(dim, eps=eps)
         self.attn = MultiHeadSelfAttention(dim, heads, rng=rng)
         self.norm2 = LayerNorm(dim, eps=eps)
-        self.mlp = MLP(dim, mlp_dim, dropout, rng=rng)
+        self.mlp = MLP(dim, mlp_dim, dropout, gelu, rng=rng)
 
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        x = x + self.mlp(self.norm2(x))
+    def forward(self, x):                      # x: (B, N, D)
+        x = x + self.attn(self.norm1(x))       # z' = z + MSA(LN(z))
+        x = x + self.mlp(self.norm2(x))        # z  = z' + MLP(LN(z'))
         return x
 
 
@@ -60,15 +60,16 @@ class ViT(Module):
     """ViT image classifier: images (B, C_in, H, W) -> logits (B, num_classes)."""
 
     def __init__(self, image_size, patch_size, in_channels, num_classes, dim, depth, heads, mlp_dim,
-                 pos_embedding="learned", dropout=0.0, eps=1e-6, seed=0):
+                 pos_embedding="learned", dropout=0.0, eps=1e-6, gelu="tanh", seed=0):
         super().__init__()
+        require_positive("ViT", num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim)
         if pos_embedding not in ("learned", "sinusoidal"):
             raise ValueError(f"ViT: pos_embedding must be 'learned' or 'sinusoidal', got {pos_embedding!r}")
         if dim % heads:
             raise ValueError(f"ViT: dim {dim} is not divisible by heads {heads}")
         self.config = dict(image_size=image_size, patch_size=patch_size, in_channels=in_channels,
                            num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
-                           pos_embedding=pos_embedding, dropout=dropout, eps=eps, seed=seed)
+                           pos_embedding=pos_embedding, dropout=dropout, eps=eps, gelu=check_gelu(gelu), seed=seed)
         rng = np.random.default_rng(seed)
         self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, dim, rng=rng)
         num_positions = self.patch_embed.num_patches + 1
@@ -78,7 +79,7 @@ class ViT(Module):
         else:  # a fixed table: a buffer (moves with .to(), not trained, not saved)
             self.register_buffer("pos_embed", sinusoidal_embedding(num_positions, dim)[None].astype(np.float32),
                                  persistent=False)
-        self.blocks = Sequential(*[ViTBlock(dim, heads, mlp_dim, dropout, eps, rng=rng) for _ in range(depth)])
+        self.blocks = Sequential(*[ViTBlock(dim, heads, mlp_dim, dropout, eps, gelu, rng=rng) for _ in range(depth)])
         self.norm = LayerNorm(dim, eps=eps)
         self.head = Linear(dim, num_classes, rng=rng)
         init.zeros(self.head.weight)  # zero head: initial logits 0, initial loss ln(K)

@@ -8,6 +8,8 @@ the result with a second Linear.
 from __future__ import annotations
 
 from .. import functional as F
+from ..backend import array_module
+from ..tensor import Tensor
 from ..ops import reshape, split, transpose
 from . import init
 from .layers import Linear
@@ -21,8 +23,8 @@ class TinyAttention(Module):
 
     q, k, v = x Wqkv split in three (``.qkv``: dim_in -> 3 * attn_dim, no bias);
     out = softmax(q k^T / sqrt(attn_dim)) v, projected by ``.out`` (attn_dim -> dim_out).
-    ``attn(x, token_axis=0)`` takes and returns token-major (S, B, .) arrays: the attention
-    reads q, k, v through (B, S, .) views and its result is viewed back (no copies).
+    ``mask`` (B, S) marks the real tokens (True) of padded sequences: padding is never attended
+    to. A 3-D boolean mask (B, S, S) of allowed (query, key) pairs is taken as it is.
     """
 
     def __init__(self, dim_in: int, dim_out: int, attn_dim: int = 64, rng=None):
@@ -32,15 +34,25 @@ class TinyAttention(Module):
         self.qkv = Linear(dim_in, 3 * self.attn_dim, bias=False, rng=rng)
         self.out = Linear(self.attn_dim, dim_out, rng=rng)
 
-    def forward(self, x, causal: bool = False, token_axis: int = 1):
-        q, k, v = split(self.qkv(x), 3, axis=-1)
-        if token_axis == 0:      # attention works per sample: (S, B, d) -> (B, S, d) views
-            q, k, v = (transpose(t, (1, 0, 2)) for t in (q, k, v))
-            return self.out(transpose(F.attention(q, k, v, causal=causal), (1, 0, 2)))
-        return self.out(F.attention(q, k, v, causal=causal))
+    def forward(self, x, mask=None, causal: bool = False):
+        q, k, v = split(self.qkv(x), 3, axis=-1)                  # (B, S, attn_dim) each
+        return self.out(F.attention(q, k, v, mask=key_mask(mask, x), causal=causal))
 
     def extra_repr(self):
         return f"attn_dim={self.attn_dim}"
+
+
+def key_mask(mask, x):
+    """A 2-D (B, S) mask of real tokens as the (B, 1, S) mask of allowed keys; 3-D unchanged."""
+    if mask is None:
+        return None
+    data = array_module(x.data).asarray(mask.data if isinstance(mask, Tensor) else mask)
+    if data.ndim == 2:
+        if data.shape != tuple(x.shape[:2]):
+            raise ValueError(f"TinyAttention: a 2-D mask marks the real tokens, shape (B, S) = "
+                             f"{tuple(x.shape[:2])}; got {tuple(data.shape)}")
+        return data[:, None, :]
+    return data
 
 
 class MultiHeadSelfAttention(Module):

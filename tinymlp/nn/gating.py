@@ -86,18 +86,15 @@ class SpatialGatingUnit(Module):
             return F.toeplitz_1d(self.toeplitz_weight, self.seq_len)
         return F.toeplitz_2d(self.toeplitz_weight, *self.grid)
 
-    def forward(self, z, gate_residual=None, token_axis: int = 1):
-        if token_axis not in (0, 1):
-            raise ValueError(f"SpatialGatingUnit: token_axis must be 1 (B, S, dim) or 0 (S, B, dim), got {token_axis!r}")
-        if z.ndim != 3 or z.shape[token_axis] != self.seq_len or z.shape[2] != self.dim:
-            layout = f"({self.seq_len}, B, {self.dim})" if token_axis == 0 else f"(B, {self.seq_len}, {self.dim})"
+    def forward(self, z, gate_residual=None):
+        if z.ndim != 3 or z.shape[1] != self.seq_len or z.shape[2] != self.dim:
             raise ValueError(
                 f"SpatialGatingUnit(seq_len={self.seq_len}, dim={self.dim}): expected z of shape "
-                f"{layout}, got {tuple(z.shape)}"
+                f"(B, {self.seq_len}, {self.dim}), got {tuple(z.shape)}"
             )
         return F.spatial_gating(
             z, self.spatial_weight(), self.bias, self.norm.weight, self.norm.bias, eps=self.eps,
-            gate_residual=gate_residual, causal=self.causal, variant=self.variant, token_axis=token_axis,
+            gate_residual=gate_residual, causal=self.causal, variant=self.variant,
         )
 
     def extra_repr(self):

@@ -7,7 +7,6 @@ forward formula and the derivation of the backward pass live with that op in ``t
 from __future__ import annotations
 
 from .. import functional as F
-from ..ops import reshape, transpose
 from ..tensor import Tensor
 from . import init
 from .module import Module, Parameter
@@ -25,39 +24,36 @@ def _pair(v, what):
 class Linear(Module):
     """y = x W + b over the last axis, with W of shape (in_features, out_features).
 
-    ``activation="gelu"`` returns GELU(x W + b), fused into the same op (one pass over the
-    output fewer). ``layer(x, axis=k)`` applies the map along axis k of x instead of the last
-    one (MLP-Mixer's token mixing), with the other axes left where they are: see ``F.linear``.
+    To apply it along another axis, move that axis last: ``layer(x.swapaxes(1, 2))`` is
+    MLP-Mixer's token mixing (the fast tier reads the transposed view without copying it).
 
     Init (as Flax's Dense and the official MLP-Mixer): W ~ LeCun normal, a normal truncated
     at 2 stds with variance 1/in_features, so activations keep their scale; b = 0.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, rng=None, activation=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, rng=None):
         super().__init__()
         rng = init.as_rng(rng)
         self.in_features, self.out_features = int(in_features), int(out_features)
-        if activation not in (None, "gelu"):
-            raise ValueError(f"Linear: activation must be None or 'gelu', got {activation!r}")
-        self.activation = activation
+        if self.in_features < 1 or self.out_features < 1:
+            raise ValueError(f"Linear: in_features and out_features must be >= 1, got "
+                             f"{in_features!r} and {out_features!r}")
         self.weight = Parameter(init.lecun_normal((self.in_features, self.out_features), rng))
         self.bias = Parameter(init.zeros((self.out_features,))) if bias else None
 
-    def forward(self, x, axis: int = -1):
-        if not -x.ndim <= axis < x.ndim or x.shape[axis] != self.in_features:
-            where = "last axis" if axis == -1 else f"axis {axis}"
+    def forward(self, x):
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(
-                f"{self._describe()}: expected input with {where} {self.in_features}, "
+                f"{self._describe()}: expected input with last axis {self.in_features}, "
                 f"got shape {tuple(x.shape)}"
             )
-        return F.linear(x, self.weight, self.bias, axis=axis, activation=self.activation)
+        return F.linear(x, self.weight, self.bias)
 
     def _describe(self):
         return f"Linear({self.in_features} -> {self.out_features})"
 
     def extra_repr(self):
-        return (f"{self.in_features} -> {self.out_features}" + ("" if self.bias is not None else ", bias=False")
-                + ("" if self.activation is None else f", activation={self.activation}"))
+        return f"{self.in_features} -> {self.out_features}" + ("" if self.bias is not None else ", bias=False")
 
 
 class LayerNorm(Module):
@@ -174,9 +170,9 @@ class PatchEmbedding(Module):
     """Cut images (B, C, H, W) into P x P patches and project each to ``dim``: (B, S, dim).
 
     Patches are taken in row-major order (token t = r * grid_w + c); each patch is flattened
-    in (c, p1, p2) order (as PyTorch's conv weights and lucidrains' gMLP), then ``.proj`` (a
-    Linear of C*P*P -> dim) is applied: a conv with kernel = stride = P, done as one
-    reshape/transpose and one matmul.
+    in (c, p1, p2) order (as PyTorch's conv weights and lucidrains' gMLP; ``F.patchify``), then
+    ``.proj`` (a Linear of C*P*P -> dim) is applied: a conv with kernel = stride = P, done as
+    one rearrangement and one matmul.
     """
 
     def __init__(self, image_size, patch_size, in_channels: int, dim: int, rng=None):
@@ -203,12 +199,10 @@ class PatchEmbedding(Module):
                 f"PatchEmbedding: expected images of shape (B, {expected[0]}, {expected[1]}, {expected[2]}) "
                 f"(NCHW), got {tuple(images.shape)}"
             )
-        b, c = images.shape[0], self.in_channels
-        (gh, gw), (ph, pw) = self.grid, self.patch_size
-        x = reshape(images, (b, c, gh, ph, gw, pw))        # split H into (gh, ph) and W into (gw, pw)
-        x = transpose(x, (0, 2, 4, 1, 3, 5))               # (B, gh, gw, C, ph, pw)
-        x = reshape(x, (b, gh * gw, c * ph * pw))          # one row per patch, row-major
-        return self.proj(x)
+        if images.shape[0] == 0:
+            raise ValueError("PatchEmbedding: got an empty batch (0 images)")
+        x = F.patchify(images, self.patch_size)            # (B, S, C*P*P): one row per patch
+        return self.proj(x)                                # (B, S, dim)
 
     def extra_repr(self):
         (h, w), (ph, pw) = self.image_size, self.patch_size

@@ -3,18 +3,22 @@
 Stability: softmax is invariant to adding a constant to a row, so every row has its maximum
 subtracted before ``exp``: the largest exponent is then exp(0) = 1 and nothing overflows, even
 for logits of 1e4.
+
+Fast tier: ``tinymlp/fast/attention.py`` (in-place steps; the softmax backward as one kernel
+per row on CUDA).
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np  # shape arithmetic, and the CPU-only shortcut for masks without empty rows
+import numpy as np  # shape arithmetic only
 
 from ..autograd import Function, unbroadcast
 from ..backend import array_module
 from ..tensor import Tensor
-from . import cuda_kernels
+
+__all__ = ["Attention", "LogSoftmax", "Softmax", "attention", "log_softmax", "softmax"]
 
 
 class Softmax(Function):
@@ -29,10 +33,8 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx, x, axis=-1):
-        xp = array_module(x)
-        p = x - x.max(axis=axis, keepdims=True)
-        xp.exp(p, out=p)
-        p /= p.sum(axis=axis, keepdims=True)
+        e = array_module(x).exp(x - x.max(axis=axis, keepdims=True))
+        p = e / e.sum(axis=axis, keepdims=True)
         ctx.save_for_backward(p)
         ctx.axis = axis
         return p
@@ -40,12 +42,7 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        if ctx.axis in (-1, p.ndim - 1) and cuda_kernels.applies(p, grad):
-            return cuda_kernels.softmax_backward(p, grad)  # one kernel per row on CUDA
-        dot = (grad * p).sum(axis=ctx.axis, keepdims=True)
-        dx = grad - dot
-        dx *= p
-        return dx
+        return p * (grad - (grad * p).sum(axis=ctx.axis, keepdims=True))
 
 
 class LogSoftmax(Function):
@@ -55,28 +52,23 @@ class LogSoftmax(Function):
 
         dL/dx_j = sum_i g_i (delta_ij - p_j) = g_j - p_j sum_i g_i.
 
-    Forward has exp(x - m) in hand; it saves p = exp(x - m)/sum (no exp in backward).
+    Forward saves p = exp(y), which it has in hand (no exp in backward).
     """
 
     @staticmethod
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
-        y = x - x.max(axis=axis, keepdims=True)
-        e = xp.exp(y)
+        shifted = x - x.max(axis=axis, keepdims=True)
+        e = xp.exp(shifted)
         total = e.sum(axis=axis, keepdims=True)
-        y -= xp.log(total)
-        if ctx.needs_input_grad[0]:
-            e /= total
-            ctx.save_for_backward(e)
+        ctx.save_for_backward(e / total)
         ctx.axis = axis
-        return y
+        return shifted - xp.log(total)
 
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        dx = p * grad.sum(axis=ctx.axis, keepdims=True)
-        array_module(grad).subtract(grad, dx, out=dx)
-        return dx
+        return grad - p * grad.sum(axis=ctx.axis, keepdims=True)
 
 
 class Attention(Function):
@@ -94,68 +86,48 @@ class Attention(Function):
         dL/dS = P * (dL/dP - delta),   delta_i = sum_j dL/dP_ij P_ij     (softmax, row by row)
         dL/dq = dL/dS k / sqrt(d),     dL/dk = (dL/dS)^T q / sqrt(d)
 
+    The 1/sqrt(d) of S enters dq and dk once each, by the chain rule through S = q k^T / sqrt(d).
     Masked entries have P = 0, so dL/dS is 0 there without any masking in backward.
-    (delta also equals sum_c G_ic O_ic, FlashAttention's cheaper form when m >> dv; at the
-    sizes here m ~ dv, and the form above is exactly 0 where a row has a single allowed key.)
 
     Masking uses a large *finite* negative (-finfo(dtype).max / 2: finite even after the row
     maximum is subtracted), never -inf, so no inf - inf = NaN appears. A row whose keys are all
     masked has only equal logits: its P is uniform over those keys and its output is the mean of
     v. That row does not depend on q or k, and backward gives it dL/dS = 0 (its gradient still
     flows to v). ``causal=True`` allows key j for query i iff j <= i (queries and keys aligned
-    at the start); it combines with ``mask`` by logical and.
-
-    Forward saves q, k, v and P.
+    at the start); it combines with ``mask`` by logical and. Forward saves q, k, v and P.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, mask=None, causal=False):
-        xp = array_module(q)
         _check_shapes(q, k, v, mask)
+        xp = array_module(q)
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
-        scale = 1.0 / math.sqrt(d)
-        s = q @ k.swapaxes(-1, -2)
-        s *= scale
         allowed = mask
         if causal:
-            lower = xp.tri(n, m, dtype=bool)  # lower[i, j] = j <= i
+            lower = xp.tri(n, m, dtype=bool)              # lower[i, j] = j <= i
             allowed = lower if allowed is None else allowed & lower
-        empty_rows = None
+        S = q @ k.swapaxes(-1, -2) / math.sqrt(d)
         if allowed is not None:
-            s = xp.where(allowed, s, xp.finfo(s.dtype).min / 2)
-            empty_rows = ~allowed.any(axis=-1, keepdims=True)
-            # asking "any empty row?" reads a value back: free on the CPU, a stall on a GPU, where
-            # backward simply applies the (all-False) row mask instead
-            if xp is np and not empty_rows.any():
-                empty_rows = None
-        s -= s.max(axis=-1, keepdims=True)
-        p = xp.exp(s, out=s)
-        p /= p.sum(axis=-1, keepdims=True)
-        out = p @ v
-        ctx.save_for_backward(q, k, v, p)
-        ctx.scale, ctx.empty_rows = scale, empty_rows
-        return out
+            S = xp.where(allowed, S, xp.finfo(S.dtype).min / 2)
+        E = xp.exp(S - S.max(axis=-1, keepdims=True))
+        P = E / E.sum(axis=-1, keepdims=True)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.empty_rows = None if allowed is None else ~allowed.any(axis=-1, keepdims=True)
+        return P @ v
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, p = ctx.saved_tensors
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        q, k, v, P = ctx.saved_tensors
         xp = array_module(grad)
-        dv = unbroadcast(p.swapaxes(-1, -2) @ grad, v.shape) if need_v else None
-        dq = dk = None
-        if need_q or need_k:
-            ds = grad @ v.swapaxes(-1, -2)  # dL/dP
-            if ds.shape == p.shape and cuda_kernels.applies(p, ds):
-                ds = cuda_kernels.softmax_backward(p, ds, out=ds)  # dL/dS, one kernel on CUDA
-            else:
-                ds -= xp.einsum("...nm,...nm->...n", ds, p)[..., None]
-                ds *= p                      # dL/dS
-            if ctx.empty_rows is not None:   # fully masked rows do not depend on q, k
-                ds = xp.where(ctx.empty_rows, 0, ds)
-            ds *= ctx.scale
-            dq = unbroadcast(ds @ k, q.shape) if need_q else None
-            dk = unbroadcast(ds.swapaxes(-1, -2) @ q, k.shape) if need_k else None
-        return dq, dk, dv
+        scale = 1 / math.sqrt(q.shape[-1])
+        dv = P.swapaxes(-1, -2) @ grad                    # P^T G
+        dP = grad @ v.swapaxes(-1, -2)                    # G v^T
+        dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+        if ctx.empty_rows is not None:                    # fully masked rows do not depend on q, k
+            dS = xp.where(ctx.empty_rows, 0, dS)
+        dq = dS @ k * scale
+        dk = dS.swapaxes(-1, -2) @ q * scale
+        return unbroadcast(dq, q.shape), unbroadcast(dk, k.shape), unbroadcast(dv, v.shape)
 
 
 def _check_shapes(q, k, v, mask):

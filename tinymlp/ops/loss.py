@@ -34,7 +34,7 @@ class CrossEntropy(Function):
 
     Hard targets (class ids y) never build the one-hot matrix: the forward reads s[b, y_b] and
     the row sum of the shifted logits s, and the backward is (p - alpha/K, then - (1 - alpha) at
-    (b, y_b)) * g / B. Saved: p = softmax(x), computed in the buffer of s.
+    (b, y_b)) * g / B. Saved: p = softmax(x).
     """
 
     @staticmethod
@@ -43,7 +43,7 @@ class CrossEntropy(Function):
         B, K = logits.shape
         alpha = label_smoothing
         s = logits - logits.max(axis=1, keepdims=True)       # shifted logits, max 0 per row
-        sum_s = s @ xp.ones(K, dtype=s.dtype)                # row sums of s (for smoothing)
+        sum_s = s.sum(axis=1)                                 # row sums of s (for smoothing)
         hard = not is_float_dtype(target.dtype)
         if hard:
             picked = s[xp.arange(B), target]                  # s[b, y_b]
@@ -53,15 +53,15 @@ class CrossEntropy(Function):
             picked = (target * s).sum(axis=1)                 # sum_k t[b,k] s[b,k]
             t_mass = target.sum(axis=1)                       # sum_k t[b,k] (1 for distributions)
 
-        p = xp.exp(s, out=s)                                  # the buffer of s now holds exp(s)
-        z = p.sum(axis=1)
+        E = xp.exp(s)
+        z = E.sum(axis=1)
         lse = xp.log(z)                                       # log sum_k exp(s), in [0, log K]
-        p /= z[:, None]                                       # softmax
+        p = E / z[:, None]                                    # softmax
 
         # sum_k t_eff log p = (1 - alpha) (picked - t_mass * lse) + (alpha / K) (sum_s - K * lse)
         loss_rows = (1 - alpha) * (picked - t_mass * lse)
         if alpha:
-            loss_rows += (alpha / K) * (sum_s - K * lse)
+            loss_rows = loss_rows + (alpha / K) * (sum_s - K * lse)
         loss = -loss_rows.sum() / B
 
         ctx.hard, ctx.alpha = hard, alpha
@@ -81,16 +81,12 @@ class CrossEntropy(Function):
         dx = dt = None
         if need_x:
             if ctx.hard:
-                dx = p - alpha / K if alpha else p.copy()
+                dx = p - alpha / K                    # a new array: p stays intact
                 dx[xp.arange(B), target] -= 1 - alpha
-                dx *= scale
+                dx = dx * scale
             else:
-                t_eff = target * (1 - alpha)
-                if alpha:
-                    t_eff += alpha / K
-                dx = p * t_eff.sum(axis=1, keepdims=True)
-                dx -= t_eff
-                dx *= scale
+                t_eff = target * (1 - alpha) + alpha / K
+                dx = (p * t_eff.sum(axis=1, keepdims=True) - t_eff) * scale
         if need_t:
             dt = ctx.log_p * (-(1 - alpha) * scale)
             dt = dt.astype(ctx.input_dtypes[1], copy=False)
@@ -137,6 +133,14 @@ def cross_entropy(logits, target, label_smoothing=0.0):
                              f"shape {(B, K)}; expected the same shape")
         if not isinstance(target, Tensor):
             target = target.astype(logits.dtype, copy=False)
+        if xp is np and B:   # a host check: on a GPU it would stall every step
+            if (t_data < 0).any() or not np.allclose(t_data.sum(axis=1), 1, atol=1e-3):
+                sums = t_data.sum(axis=1)
+                raise ValueError(
+                    "cross_entropy: soft targets must be distributions (entries >= 0, each row summing "
+                    f"to 1); got min entry {float(t_data.min()):.3g} and row sums in "
+                    f"[{float(sums.min()):.3g}, {float(sums.max()):.3g}]"
+                )
     else:
         raise ValueError(f"cross_entropy: target must be class ids (B,) or distributions (B, K), "
                          f"got shape {tuple(t_data.shape)} for logits {(B, K)}")

@@ -85,3 +85,45 @@ class Concatenate(Function):
     def backward(ctx, g):
         xp = array_module(g)
         return tuple(xp.split(g, ctx.bounds, axis=ctx.axis))
+
+
+class Patchify(Function):
+    r"""Cut images (B, C, H, W) into P_h x P_w patches: (B, S, C P_h P_w), S = (H/P_h)(W/P_w).
+
+    Patches in row-major order (token t = r * g_w + c), each flattened in (channel, i, j) order:
+
+        out[b, r g_w + c, (ch, i, j)] = images[b, ch, r P_h + i, c P_w + j].
+
+    A rearrangement (no arithmetic): every output element is one input element, so backward
+    sends each gradient back to where its value came from, the inverse rearrangement.
+    Fast tier: ``tinymlp/fast/shape.py`` (lays the tokens out token-major in memory).
+    """
+
+    @staticmethod
+    def forward(ctx, images, patch_size):
+        B, C, H, W = images.shape
+        ph, pw = patch_size
+        x = images.reshape(B, C, H // ph, ph, W // pw, pw)      # split H into (g_h, P_h), W into (g_w, P_w)
+        x = x.transpose(0, 2, 4, 1, 3, 5)                       # (B, g_h, g_w, C, P_h, P_w)
+        ctx.patch_size = patch_size
+        return x.reshape(B, (H // ph) * (W // pw), C * ph * pw)
+
+    @staticmethod
+    def backward(ctx, grad):
+        B, C, H, W = ctx.input_shapes[0]
+        ph, pw = ctx.patch_size
+        g = grad.reshape(B, H // ph, W // pw, C, ph, pw)
+        g = g.transpose(0, 3, 1, 4, 2, 5)                       # (B, C, g_h, P_h, g_w, P_w)
+        return g.reshape(B, C, H, W)
+
+
+def patchify(images, patch_size):
+    """Cut images (B, C, H, W) into P x P patches, (B, S, C*P*P), row-major (see ``Patchify``).
+
+    ``patch_size`` is an int or a pair (P_h, P_w) dividing H and W.
+    """
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+    if images.ndim != 4 or images.shape[2] % ph or images.shape[3] % pw:
+        raise ValueError(f"patchify: expected images (B, C, H, W) with H divisible by {ph} and W by {pw}, "
+                         f"got shape {tuple(images.shape)}")
+    return Patchify.apply(images, patch_size=(int(ph), int(pw)))

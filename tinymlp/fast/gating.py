@@ -1,0 +1,164 @@
+"""The spatial gating unit, fast: one matrix product per token mixing, buffers reused.
+
+The reference (ops/gating.py) computes W N[b] for every sample b: B small (S, S) @ (S, e)
+products, and as many for dL/dW and G_N. Here the arrays are handled *token-major*: x_hat, F
+and G_F are (S, B, e), so that, with X = x_hat seen as an (S, B*e) matrix,
+
+    W X = (S, S) @ (S, B*e),   dL/dW = G_F N^T,   G_N = W^T G_F
+
+are ONE product each for the whole batch. When z lies token-major in memory (the fast patch
+embedding's layout, kept by every fast op) these are views; otherwise they are read through
+strided views. The output and dL/dz are laid out like z.
+
+By linearity F = (W x_hat) * gamma + (W 1) beta^T + bias 1^T (+ A): N is never stored, and the
+last terms are one (S, e) matrix broadcast over the batch. Saved: z1 (split; copied, so that
+z2's memory can go) or z (multiplicative), W, gamma, beta, x_hat, rstd and F where the variant
+needs it. N is rebuilt in backward into a buffer that then receives G_N; on the last backward
+G_F takes the memory of F, and the LayerNorm backward that of x_hat.
+
+Toeplitz weights: their backward is ``bincount`` with weights on the CPU (one pass, float64
+sums), ``add.at`` on CUDA (no host synchronisation).
+
+On CUDA the LayerNorm is one kernel per row, and for the split variant F and z1 * F (forward)
+and G * F, G * z1 (backward) are one fused pass each (``cuda_kernels``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import array_module
+from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
+from . import cuda_kernels, register
+from .norm import layer_norm_backward, normalize, row_sum
+
+__all__ = ["FastSpatialGating", "FastToeplitz1d", "FastToeplitz2d"]
+
+
+def _tm(a):
+    """(B, S, .) <-> (S, B, .): the token-major view."""
+    return a.transpose(1, 0, 2)
+
+
+def _empty(shape_bs, token_major, xp, dtype):
+    """A new (B, S, .) array, token-major in memory when ``token_major``."""
+    if token_major:
+        return _tm(xp.empty((shape_bs[1], shape_bs[0], shape_bs[2]), dtype=dtype))
+    return xp.empty(shape_bs, dtype=dtype)
+
+
+@register(SpatialGating)
+class FastSpatialGating(SpatialGating):
+    """``SpatialGating`` on token-major arrays (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
+                eps=1e-5, causal=False, variant="split"):
+        xp = array_module(z)
+        gamma, beta = norm_weight, norm_bias
+        token_major = _tm(z).flags.c_contiguous
+        zt = _tm(z)                                                 # (S, B, 2e or e)
+        S, B, _ = zt.shape
+        e = z.shape[-1] // 2 if variant == "split" else z.shape[-1]
+        ut = zt[..., e:] if variant == "split" else zt
+        w_eff = xp.tril(weight) if causal else weight
+
+        xhat, rstd = normalize(ut, eps)                             # (S, B, e)
+        kept = None
+        if variant == "split":
+            kept = xp.ascontiguousarray(zt[..., :e])
+        elif variant == "multiplicative":
+            kept = zt
+        f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W x_hat: one product
+        shift = row_sum(w_eff)[:, None] * beta + bias[:, None]      # (S, e), shared by the batch
+        residual = _tm(gate_residual) if gate_residual is not None else None
+        out = _empty((B, S, e), token_major, xp, z.dtype)
+        out_t = _tm(out)
+        if variant == "split" and cuda_kernels.applies(z, kept):    # F and z1 * F in one pass on CUDA
+            out_t[...] = cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual)
+        else:
+            f *= gamma
+            f += shift[:, None]
+            if residual is not None:
+                f += residual
+            if variant in ("split", "multiplicative"):
+                xp.multiply(kept, f, out=out_t)
+            elif variant == "additive":
+                xp.add(zt, f, out=out_t)
+            else:
+                out_t[...] = f
+        ctx.variant, ctx.causal, ctx.e, ctx.token_major = variant, causal, e, token_major
+        keep_f = variant in ("split", "multiplicative")
+        ctx.save_for_backward(kept, w_eff, gamma, beta, xhat, rstd, f if keep_f else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        kt, w_eff, gamma, beta, xhat, rstd, ft = ctx.pop_saved()
+        need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
+        xp = array_module(g)
+        variant, e = ctx.variant, ctx.e
+        last = not ctx.retain_graph       # the saved arrays may then serve as buffers
+        gt = _tm(g)
+        S = xhat.shape[0]
+
+        # dL/dF (token-major, contiguous) and the direct term, written straight into dL/dz
+        dz = _empty(ctx.input_shapes[0], ctx.token_major, xp, g.dtype) if need_z else None
+        dzt = _tm(dz) if need_z else None
+        if variant == "split" and need_z and cuda_kernels.applies(g, kt):
+            _, gf = cuda_kernels.sgu_gate_backward(gt, ft, kt, dz1=dzt[..., :e])
+        elif variant == "split":
+            if need_z:
+                xp.multiply(gt, ft, out=dzt[..., :e])               # dL/dz1 = G * F
+            gf = xp.multiply(gt, kt, out=ft if last else xp.empty_like(xhat))
+        elif variant == "multiplicative":
+            gf = xp.multiply(gt, kt, out=xp.empty_like(xhat))
+        else:
+            gf = xp.ascontiguousarray(gt)
+        gf2 = gf.reshape(S, -1)                                     # G_F as an (S, B*e) matrix
+
+        dw = db = work = None
+        if need_w:
+            work = xhat * gamma
+            work += beta                                            # N, rebuilt
+            dw = gf2 @ work.reshape(S, -1).T                        # G_F N^T
+            if ctx.causal:
+                dw = xp.tril(dw)
+        if need_b:
+            db = row_sum(gf2)
+        da = _tm(gf) if need_a else None
+
+        dgamma = dbeta = None
+        if need_z or need_gamma or need_beta:
+            if work is None:
+                work = xp.empty_like(xhat)
+            gn = xp.matmul(w_eff.T, gf2, out=work.reshape(S, -1)).reshape(xhat.shape)   # W^T G_F
+            du = (dzt[..., e:] if variant == "split" else dzt) if need_z else None
+            du, dgamma, dbeta = layer_norm_backward(
+                gn, xhat, rstd, gamma, out=du, need_dx=need_z, need_dweight=need_gamma, need_dbias=need_beta,
+                overwrite_g=True, overwrite_xhat=last)
+            if variant == "multiplicative" and need_z:
+                dzt += gt * ft
+            elif variant == "additive" and need_z:
+                dzt += gt
+        return dz, dw, db, dgamma, dbeta, da
+
+
+class _FastToeplitzBackward:
+    """The diagonal sums of dL/dW as ``bincount`` with weights on the CPU (one pass)."""
+
+    @staticmethod
+    def backward(ctx, g):
+        k = int(np.prod(ctx.shape))
+        dw = np.bincount(ctx.idx.ravel(), weights=g.ravel(), minlength=k)  # float64 sums
+        return dw.astype(g.dtype, copy=False).reshape(ctx.shape)
+
+
+@register(Toeplitz1d, "cpu")
+class FastToeplitz1d(_FastToeplitzBackward, Toeplitz1d):
+    pass
+
+
+@register(Toeplitz2d, "cpu")
+class FastToeplitz2d(_FastToeplitzBackward, Toeplitz2d):
+    pass

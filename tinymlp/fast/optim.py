@@ -1,0 +1,169 @@
+"""The optimizers' updates over flat buffers: a few passes over all parameters at once.
+
+The reference optimizers (tinymlp/optim.py) update one parameter at a time, each line of the
+paper one array expression: about ten temporaries per parameter and a Python loop over ~100
+parameters. Here each group's state (Adam's two moments, SGD's momentum) lives in ONE flat
+contiguous array per name, the gradients are gathered into another flat array with one
+``concatenate``, the update is a handful of in-place ufuncs (``out=``, no temporaries) over all
+parameters at once (on the CPU in cache-sized pieces), and each parameter then takes its slice
+of the result with one in-place subtraction. Nothing is allocated after the first step.
+
+The per-parameter state arrays of the optimizer become *views* of the flat buffers when they
+are first built, so the reference ``update`` and ``state_dict`` read and write the same numbers
+(switching tiers mid-training is exact). Hyperparameters enter as Python floats, which NumPy
+treats as "weak" scalars: float32 stays float32. ``optimizer.step()`` calls ``step`` here
+while the fast tier is on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import array_module, device_of
+
+__all__ = ["FlatGroup", "step"]
+
+CHUNK = 1 << 16
+"""On the CPU the update walks the flat buffers in pieces of this many values (256 KiB of
+float32 per buffer), so that its ten or so passes run in the cache instead of main memory."""
+
+
+class FlatGroup:
+    """One group's state as flat buffers; parameter ``i`` owns ``buf[starts[i]:stops[i]]``."""
+
+    def __init__(self, optimizer, gi):
+        group = optimizer.param_groups[gi]
+        params = group["params"]
+        first = params[0].data
+        self.device, self.dtype = device_of(first), first.dtype
+        for p in params:
+            if device_of(p.data) != self.device or p.data.dtype != self.dtype:
+                raise ValueError(
+                    "an optimizer param group must hold parameters of one dtype on one device; found "
+                    f"{self.dtype} on {self.device} and {p.data.dtype} on {device_of(p.data)}: "
+                    "put them in separate groups"
+                )
+        self.shapes = [p.shape for p in params]
+        self.stops, end = [], 0
+        for p in params:
+            end += p.size
+            self.stops.append(end)
+        self.starts = [0] + self.stops[:-1]
+        xp = array_module(first)
+        self.grad = xp.empty(end, dtype=self.dtype)
+        self.work = xp.empty(end, dtype=self.dtype)
+        self.bufs = {name: xp.zeros(end, dtype=self.dtype) for name in optimizer.state_names(group)}
+        for i in range(len(params)):        # the per-parameter state becomes views of the buffers
+            state = optimizer.param_state(gi, i)
+            for name, buf in self.bufs.items():
+                view = self.view(buf, i)
+                view[...] = state[name]
+                state[name] = view
+
+    def view(self, flat, i):
+        return flat[self.starts[i]:self.stops[i]].reshape(self.shapes[i])
+
+    def fits(self, optimizer, gi):
+        group = optimizer.param_groups[gi]
+        first = group["params"][0].data
+        return (device_of(first) == self.device and first.dtype == self.dtype
+                and set(self.bufs) == set(optimizer.state_names(group)))
+
+
+def step(optimizer):
+    """``optimizer.step()`` over flat buffers (the fast tier's version of it)."""
+    groups = optimizer.param_groups
+    if optimizer._flat is None or len(optimizer._flat) != len(groups):
+        optimizer._flat = [None] * len(groups)
+    direction = DIRECTIONS[optimizer.fast_kind]
+    decoupled = getattr(optimizer, "decoupled_weight_decay", False)
+    for gi, group in enumerate(groups):
+        params = group["params"]
+        live = [i for i, p in enumerate(params) if p.grad is not None]
+        if not live:
+            continue
+        fs = optimizer._flat[gi]
+        if fs is None or not fs.fits(optimizer, gi):
+            for i in range(len(params)):
+                optimizer.param_state(gi, i)       # moves state that followed a model.to(...)
+            fs = optimizer._flat[gi] = FlatGroup(optimizer, gi)
+        states = optimizer.state[gi]
+        xp = array_module(fs.grad)
+        lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+
+        steps = [states[i]["step"] for i in range(len(params))]
+        if len(live) == len(params) and steps.count(steps[0]) == len(params):
+            # the usual case: all parameters at the same step, so the update runs over the
+            # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
+            xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
+            t, n = steps[0] + 1, fs.grad.size
+            chunk = CHUNK if xp is np else n
+            pieces = [(slice(a, a + chunk), t) for a in range(0, n, chunk)]
+        else:  # some gradients missing, or parameters at different steps: one piece each
+            for i in live:
+                fs.view(fs.grad, i)[...] = params[i].grad
+            pieces = [(slice(fs.starts[i], fs.stops[i]), steps[i] + 1) for i in live]
+
+        if wd and not decoupled:  # L2 penalty: g <- g + wd * p
+            for i in live:
+                scratch = fs.view(fs.work, i)
+                xp.multiply(params[i].data, wd, out=scratch)
+                g = fs.view(fs.grad, i)
+                g += scratch
+
+        for where, t in pieces:
+            bufs = {name: buf[where] for name, buf in fs.bufs.items()}
+            direction(group, fs.grad[where], bufs, fs.work[where], t)
+
+        for i in live:
+            p = params[i].data
+            if wd and decoupled:  # AdamW: p <- p - lr * wd * p
+                p *= 1.0 - lr * wd
+            p -= fs.view(fs.work, i)
+            states[i]["step"] += 1
+
+
+def sgd_direction(group, g, bufs, out, t):
+    """out <- lr * d, the SGD step direction (see ``optim.SGD``), in place."""
+    xp = array_module(g)
+    lr, mu = float(group["lr"]), float(group["momentum"])
+    if not mu:
+        xp.multiply(g, lr, out=out)
+        return
+    b = bufs["momentum_buffer"]
+    b *= mu
+    b += g  # a zero buffer makes the first step b = g, as PyTorch's
+    if group["nesterov"]:
+        xp.multiply(b, mu, out=out)
+        out += g
+        out *= lr
+    else:
+        xp.multiply(b, lr, out=out)
+
+
+def adam_direction(group, g, bufs, out, t):
+    """out <- lr m_hat / (sqrt(v_hat) + eps), updating m and v in place (see ``optim.Adam``).
+
+    Computed in the paper's cheaper order (its section 2): with c1 = 1 - b1^t and
+    c2 = 1 - b2^t it equals (lr sqrt(c2) / c1) * m / (sqrt(v) + eps sqrt(c2)).
+    """
+    xp = array_module(g)
+    b1, b2 = (float(b) for b in group["betas"])
+    m, v = bufs["exp_avg"], bufs["exp_avg_sq"]
+    xp.multiply(g, 1.0 - b1, out=out)  # m <- b1 m + (1 - b1) g
+    m *= b1
+    m += out
+    xp.multiply(g, g, out=out)  # v <- b2 v + (1 - b2) g^2
+    out *= 1.0 - b2
+    v *= b2
+    v += out
+    c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+    xp.sqrt(v, out=out)
+    out += float(group["eps"]) * root_c2
+    xp.divide(m, out, out=out)
+    out *= float(group["lr"]) * root_c2 / c1
+
+
+DIRECTIONS = {"sgd": sgd_direction, "adam": adam_direction}
