@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -51,11 +52,23 @@ class UsageError(Exception):
 
 
 # ---------------------------------------------------------------------- command line
+class DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after a flag's help, once: not where the help already says its default
+    (or the preset's), and not for flags whose default is "not given" (None, False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+        if unset or "default" in text or "preset" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def make_parser(description: str) -> argparse.ArgumentParser:
     """The flags every example shares; a script adds its model's own."""
     p = argparse.ArgumentParser(
         description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
         epilog="CPU threads: set OMP_NUM_THREADS (e.g. OMP_NUM_THREADS=4) before running.",
     )
     g = p.add_argument_group("device and data")
@@ -83,7 +96,7 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g = p.add_argument_group("optimisation (AdamW, linear warmup then linear decay)")
     g.add_argument("--epochs", type=int, default=50,
                    help="total epochs of the run (with --resume: train until this many are done)")
-    g.add_argument("--batch-size", type=int, default=128)
+    g.add_argument("--batch-size", type=int, default=128, help="images per training step")
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     g.add_argument("--weight-decay", type=float, default=0.05,
                    help="AdamW's decoupled weight decay (biases and norms are exempt)")
@@ -91,7 +104,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                    help="length of the linear warmup, in EPOCHS (fractions allowed; "
                         "default: 5%% of --epochs)")
     g.add_argument("--clip", type=float, default=1.0, help="clip the gradients' global norm (0: off)")
-    g.add_argument("--label-smoothing", type=float, default=0.0)
+    g.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="weight moved from the true class to a uniform target, in [0, 1)")
     g.add_argument("--seed", type=int, default=0, help="model initialisation, shuffling, augmentation")
 
     g = p.add_argument_group("outputs and runs")
@@ -146,14 +160,55 @@ def _explicit_flags(parser, argv) -> set[str]:
 RESUMED_OPTIMISATION = ("lr", "weight_decay")
 
 
+# what each numeric flag accepts (the model flags are checked when a script has them):
+# name -> (lowest, lowest allowed?, highest or None, highest allowed?)
+FLAG_RANGES = {
+    "epochs": (1, True, None, False), "batch_size": (1, True, None, False),
+    "synthetic_size": (1, True, None, False), "limit_batches": (1, True, None, False),
+    "seed": (0, True, None, False),
+    "lr": (0, False, None, False), "weight_decay": (0, True, None, False), "clip": (0, True, None, False),
+    "warmup": (0, True, None, False), "label_smoothing": (0, True, 1, False),
+    "mixup": (0, True, None, False), "cutmix": (0, True, None, False),
+    "dim": (1, True, None, False), "depth": (1, True, None, False), "token_mlp_dim": (1, True, None, False),
+    "channel_mlp_dim": (1, True, None, False), "ffn_dim": (1, True, None, False),
+    "attn_dim": (0, True, None, False), "dropout": (0, True, 1, False),
+}
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
 def _check_args(args):
-    for name in ("epochs", "batch_size", "synthetic_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.limit_batches is not None and args.limit_batches < 1:
-        raise UsageError("--limit-batches must be at least 1")
-    if args.lr <= 0 or args.weight_decay < 0 or args.clip < 0 or (args.warmup or 0) < 0:
-        raise UsageError("--lr must be positive, --weight-decay, --clip and --warmup non-negative")
+    """Every flag checked before any download, model or output folder: one line per problem."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{_flag(name)} {value}: expected a finite number")
+    for name, (lo, lo_ok, hi, hi_ok) in FLAG_RANGES.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if value < lo or (value == lo and not lo_ok) or (hi is not None and (value > hi or (value == hi and not hi_ok))):
+            if hi is None:
+                expected = f"at least {lo}" if lo_ok else f"greater than {lo}"
+            else:
+                expected = f"in {'[' if lo_ok else '('}{lo}, {hi}{']' if hi_ok else ')'}"
+            raise UsageError(f"{_flag(name)} {value:g}: expected a value {expected}")
+    if args.warmup is not None and args.warmup > args.epochs:
+        raise UsageError(f"--warmup {args.warmup:g} epochs is longer than the run (--epochs {args.epochs}): "
+                         "expected at most --epochs")
+
+
+def _check_writable(out: Path):
+    """--out must be a folder we can create and write in: checked before any download or training."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file, expected a folder")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == out else f" (cannot create it inside {existing})"
+        raise UsageError(f"--out {out}: not writable{where}; choose a folder you can write to")
 
 
 def _datasets(args):
@@ -203,6 +258,27 @@ def _resume_path(args, out: Path):
     return path
 
 
+def _check_resumable(resume, meta, args, explicit):
+    """A checkpoint of these scripts, whose architecture the model flags given now do not contradict
+    (a resumed run keeps the checkpoint's architecture: a flag that asks for another is refused)."""
+    needed = ("preset", "model_config", "history", "epoch", "args", "rng")
+    if any(key not in meta for key in needed):
+        raise UsageError(f"--resume {resume}: a tinymlp checkpoint, but not one written by these scripts "
+                         f"(its metadata lacks {', '.join(k for k in needed if k not in meta)})")
+
+    def off(value):  # 0, "none" and None all mean "no attention" / "dense weights"
+        return None if value in (None, "none", 0) else value
+
+    config = meta["model_config"]
+    wanted = {k: getattr(args, k) for k in explicit if k in config and k != "seed"}  # the model flags given
+    differences = [f"{_flag(k)} {v} (checkpoint: {config.get(k)})" for k, v in sorted(wanted.items())
+                   if off(v) != off(config.get(k))]
+    if differences:
+        raise UsageError(f"--resume {resume}: the model flags given differ from the checkpoint's model "
+                         f"({meta['preset']}): {', '.join(differences)}; a resumed run keeps the checkpoint's "
+                         "architecture: leave these flags out, or give a new --out to train the new model")
+
+
 def _run(args, model_spec, explicit=frozenset()) -> int:
     _check_args(args)
     backend.module_for_device(args.device)          # a clear CudaUnavailableError, before any work
@@ -211,7 +287,10 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
     resume = _resume_path(args, out)
     if resume is not None and args.out is None:
         out = resume.parent                           # keep writing where the run was
+    _check_writable(out)
     meta = checkpoint.read_meta(resume) if resume else None
+    if meta is not None:
+        _check_resumable(resume, meta, args, explicit)
     if meta is not None and meta.get("dataset") != args.dataset:
         raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
 

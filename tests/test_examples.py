@@ -123,3 +123,58 @@ def test_help_says_what_the_warmup_counts(tmp_path):
         assert_ok(result)
         assert "EPOCHS" in result.stdout and "--resume" in result.stdout and "--limit-batches" in result.stdout
     assert "--attn-dim" in result.stdout and "--toeplitz" in result.stdout
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--lr", "nan"], "--lr nan: expected a finite number"),
+    (["--weight-decay", "inf"], "--weight-decay inf: expected a finite number"),
+    (["--lr", "0"], "--lr 0: expected a value greater than 0"),
+    (["--label-smoothing", "1"], "--label-smoothing 1: expected a value in [0, 1)"),
+    (["--mixup", "-0.5"], "--mixup -0.5: expected a value at least 0"),
+    (["--cutmix", "nan"], "--cutmix nan"),
+    (["--warmup", "-1"], "--warmup -1: expected a value at least 0"),
+    (["--warmup", "9", "--epochs", "3"], "--warmup 9 epochs is longer than the run (--epochs 3)"),
+    (["--depth", "0"], "--depth 0: expected a value at least 1"),
+    (["--dim", "-4"], "--dim -4: expected a value at least 1"),
+    (["--dropout", "1.5"], "--dropout 1.5: expected a value in [0, 1)"),
+    (["--out", "FILE/sub"], "not writable (cannot create it inside"),
+])
+def test_every_flag_is_checked_before_any_download_or_model(tmp_path, flags, words):
+    (tmp_path / "FILE").write_text("a file, not a folder")
+    flags = [str(tmp_path / f) if f.startswith("FILE") else f for f in flags]
+    # CIFAR from a port where nothing listens: a flag checked too late would fail on the download instead
+    result = run(MIXER, "--download-url", "http://127.0.0.1:9/cifar-10-binary.tar.gz", "--no-progress", *flags,
+                 cwd=tmp_path)
+    assert_clean_failure(result)
+    assert words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_damaged_resume_file_or_changed_architecture_is_a_one_line_error(tmp_path):
+    out = tmp_path / "run"
+    assert_ok(run(GMLP, *SMOKE, *TINY[GMLP], "--attn-dim", "8", "--epochs", "1", "--out", out, cwd=tmp_path))
+    saved = (out / "checkpoint.npz").read_bytes()
+    for name, content in [("truncated.npz", saved[: len(saved) // 2]), ("empty.npz", b""),
+                          ("random.npz", os.urandom(300))]:
+        (tmp_path / name).write_bytes(content)
+        result = run(GMLP, *SMOKE, "--epochs", "2", "--resume", tmp_path / name, cwd=tmp_path)
+        assert_clean_failure(result)
+        assert str(tmp_path / name) in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        assert "pickle" not in result.stderr
+    changed = run(GMLP, *SMOKE, "--epochs", "2", "--resume", "auto", "--out", out, "--depth", "3",
+                  "--attn-dim", "0", "--dim", "16", cwd=tmp_path)
+    assert_clean_failure(changed)
+    assert "--depth 3 (checkpoint: 2)" in changed.stderr and "--attn-dim 0 (checkpoint: 8)" in changed.stderr
+    assert "--dim" not in changed.stderr                       # the same as the checkpoint's: no difference
+    assert "keeps the checkpoint's architecture" in changed.stderr
+
+
+def test_help_shows_each_default_once(tmp_path):
+    for script in (MIXER, GMLP):
+        result = run(script, "--help", cwd=tmp_path)
+        assert_ok(result)
+        text = " ".join(result.stdout.split())
+        assert "(default: None)" not in text and "(default: False)" not in text
+        for flag in text.split(" --")[1:]:
+            assert flag.count("default") + flag.count("preset") <= 1, flag
+        assert "images per training step (default: 128)" in text and "in [0, 1) (default: 0.0)" in text
