@@ -1,0 +1,150 @@
+"""Text sets: the official archive formats written small (never downloaded), the generated tasks
+and the token loader."""
+
+import dataclasses
+import hashlib
+import io
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+
+import numpy as np
+import pytest
+
+from tinymlp.data import (
+    SST2, TEXT_ARCHIVES, DatasetError, OrderTask, PairMatchTask, SentencePolarity, TokenLoader,
+    get_text_dataset,
+)
+from tinymlp.text import Tokenizer
+
+POS = ["a gorgeous , witty film .", "the best of the year .", "warm and funny ."]
+NEG = ["dull , dull , dull .", "a mess from start to finish .", "it never finds its footing .",
+       "simply bad ."]
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise urllib.error.URLError("network disabled by the test")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+def polarity_archive(folder):
+    """rt-polaritydata.tar.gz as shipped: Latin-1 lines in rt-polaritydata/, a README beside."""
+    path = folder / "rt-polaritydata.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, lines in (("rt-polarity.pos", POS), ("rt-polarity.neg", NEG),
+                            ("../rt-polaritydata.README.1.0.txt", ["readme"])):
+            raw = ("\n".join(lines) + "\n").encode("latin-1")
+            info = tarfile.TarInfo(f"rt-polaritydata/{name}".replace("rt-polaritydata/../", ""))
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return path
+
+
+def sst2_archive(folder):
+    path = folder / "SST-2.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("SST-2/train.tsv", "sentence\tlabel\n" + "".join(
+            f"{s} \t{y}\n" for s, y in [(POS[0], 1), (NEG[0], 0), (NEG[1], 0)]))
+        zf.writestr("SST-2/dev.tsv", "sentence\tlabel\nhide new secretions \t0\n")
+        zf.writestr("SST-2/test.tsv", "index\tsentence\n0\tuh huh\n")
+    return path
+
+
+def use(monkeypatch, key, archive, **changes):
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    spec = TEXT_ARCHIVES[key]
+    files = {name: None for name in spec.files}        # the tiny copies are shorter than the real ones
+    changes = {"urls": (archive.as_uri(),), "md5": md5, "files": files, **changes}
+    monkeypatch.setitem(TEXT_ARCHIVES, key, dataclasses.replace(spec, **changes))
+
+
+def test_polarity_download_split_and_offline_reuse(tmp_path, monkeypatch):
+    serve = tmp_path / "serve"
+    serve.mkdir()
+    use(monkeypatch, "polarity", polarity_archive(serve))
+    root = tmp_path / "data"
+    train = SentencePolarity(root=root, train=True, progress=False, test_fraction=0.34)
+    test = SentencePolarity(root=root, train=False, download=False, test_fraction=0.34)
+    assert sorted(train.texts + test.texts) == sorted(POS + NEG)
+    assert len(test) == 1 + 1                                   # round(0.34 * 3) + round(0.34 * 4)
+    for ds in (train, test):
+        for text, label in zip(ds.texts, ds.labels):
+            assert text in (POS if label == 1 else NEG)
+    assert sorted(p.name for p in root.iterdir()) == ["rt-polaritydata", "rt-polaritydata.tar.gz"]
+
+
+def test_sst2_reads_train_and_dev(tmp_path, monkeypatch, no_network):
+    sst2_archive(tmp_path)                                      # already in the data folder
+    use(monkeypatch, "sst2", tmp_path / "SST-2.zip")
+    train, dev = SST2(root=tmp_path, download=False), SST2(root=tmp_path, train=False, download=False)
+    assert train.texts == [POS[0], NEG[0], NEG[1]] and train.labels.tolist() == [1, 0, 0]
+    assert dev.texts == ["hide new secretions"] and dev.labels.tolist() == [0]
+
+
+def test_missing_offline_names_data_dir_and_synthetic(tmp_path, no_network):
+    with pytest.raises(DatasetError, match="--data-dir") as err:
+        SentencePolarity(root=tmp_path, download=False)
+    assert "--dataset synthetic" in str(err.value)
+    with pytest.raises(DatasetError, match="no network"):
+        SST2(root=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []                       # nothing half-written
+
+
+def test_wrong_checksum_and_wrong_line_count_are_refused(tmp_path, monkeypatch):
+    serve = tmp_path / "serve"
+    serve.mkdir()
+    archive = sst2_archive(serve)
+    use(monkeypatch, "sst2", archive, md5="0" * 32)
+    with pytest.raises(DatasetError, match="MD5 mismatch"):
+        SST2(root=tmp_path / "a", progress=False)
+    assert list((tmp_path / "a").iterdir()) == []
+    use(monkeypatch, "sst2", archive)
+    monkeypatch.setitem(TEXT_ARCHIVES, "sst2", dataclasses.replace(
+        TEXT_ARCHIVES["sst2"], files={"train.tsv": 67_350, "dev.tsv": 873}))
+    with pytest.raises(DatasetError, match="4 lines, expected 67350"):
+        SST2(root=tmp_path / "b", progress=False)
+    assert list((tmp_path / "b").iterdir()) == []               # the bad download was removed
+
+
+def test_zip_member_outside_the_folder_is_refused(tmp_path, monkeypatch):
+    archive = tmp_path / "serve" / "SST-2.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("../evil.txt", "x")
+    use(monkeypatch, "sst2", archive)
+    with pytest.raises(DatasetError, match="outside"):
+        SST2(root=tmp_path / "d", progress=False)
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_order_task_needs_word_order():
+    ds = OrderTask(400, seq_words=10, seed=1)
+    assert ds.labels.mean() == pytest.approx(0.5, abs=0.1)
+    for text, label in zip(ds.texts, ds.labels):
+        words = text.split()
+        assert len(words) == 10 and words.count("red") == words.count("blue") == 1
+        assert label == int(words.index("red") > words.index("blue"))
+    assert OrderTask(5, seed=1).texts == OrderTask(5, seed=1).texts != OrderTask(5, seed=1, train=False).texts
+
+
+def test_pair_task_labels_say_whether_a_word_is_shared():
+    ds = get_text_dataset("pairs", num_examples=200, words_per_side=3, vocab=10)
+    assert ds.labels.mean() == 0.5
+    for a, b, label in zip(ds.texts, ds.pairs, ds.labels):
+        assert len(set(a.split()) & set(b.split())) == label
+
+
+def test_token_loader_batches_the_encoded_set():
+    ds = OrderTask(10, seq_words=4)
+    tok = Tokenizer.train(ds.corpus(), vocab_size=100)
+    tokens = ds.encode(tok, max_len=8)
+    assert tokens.ids.shape == (10, 8) and tokens.ids[:, 0].tolist() == [tok.cls_id] * 10
+    loader = TokenLoader(tokens, 4, shuffle=True, rng=0)
+    batches = list(loader)
+    assert len(loader) == len(batches) == 3 and batches[-1][0].shape == (2, 8)
+    seen = np.concatenate([ids.numpy() for ids, _ in batches])
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, tokens.ids))

@@ -1,0 +1,397 @@
+"""Text sets: sentence polarity (Pang and Lee), SST-2 (GLUE), and two generated tasks.
+
+    train = SentencePolarity(train=True)          # downloads once, then reads the cached files
+    tok = Tokenizer.train(train.texts, vocab_size=8000)
+    loader = TokenLoader(train.encode(tok, max_len=128), batch_size=32, shuffle=True, rng=0)
+    for ids, labels in loader:                     # int64 (32, 128), int64 (32,)
+        ...
+
+A ``TextDataset`` is sentences (``texts``, and ``pairs`` for two-sentence tasks), ``labels``
+(N,) int64 and ``classes``; ``encode(tokenizer, max_len)`` turns it into a ``TokenDataset``:
+``ids`` (N, max_len) int64, ``[CLS] a [SEP] (b [SEP])`` padded with [PAD] = 0. A model reads
+the padding mask (ids != 0) and the segments (after the first [SEP]) from the ids themselves.
+
+The official archives, read without pickle (``TEXT_ARCHIVES``, replaceable like CIFAR's):
+
+- **Sentence polarity v1.0** (Pang and Lee 2005; ``rt-polaritydata.tar.gz`` from Cornell):
+  ``rt-polaritydata/rt-polarity.pos`` and ``rt-polarity.neg``, 5,331 sentences each, one a line,
+  lowercased and tokenised, in Latin-1. There is no official split: papers use 10-fold cross-
+  validation. Here a fixed seeded permutation puts ``test_fraction`` (10%) of each class in the
+  test split. The archive's MD5 is not pinned (it could not be verified from a trusted source
+  while writing this); the files are checked by their line counts instead.
+- **SST-2** (Socher et al. 2013, as distributed by GLUE: ``SST-2.zip``): ``SST-2/train.tsv``
+  (67,349 sentences) and ``SST-2/dev.tsv`` (872), tab-separated with a header ``sentence\tlabel``;
+  GLUE's ``test.tsv`` has no labels, so the test split here is ``dev.tsv``. MD5 as pinned by
+  torchtext's SST2 loader.
+
+Where the data lives, the download (temporary file, checksum, rename) and the unpacking
+(temporary folder, checked, renamed into place) follow ``tinymlp.data.cifar``: ``root``
+(``--data-dir``), else $TINYMLP_DATA, else $XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp.
+
+Generated tasks (no download; ``OrderTask`` and ``PairMatchTask``):
+
+- **order**: a sentence of filler words holds two marker words, once each; the label says which
+  comes first. Both classes have the same bag of words, so a model must mix tokens by position.
+- **pair matching**: two short sentences of content words; the label says whether they share a
+  word. Where the shared word sits in either sentence varies, so a match must be found by
+  content: what one attention head does in one step, and a fixed spatial matrix cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import module_for_device, parse_device, to_device
+from ..tensor import Tensor
+from .cifar import DatasetError, _md5, data_root
+
+__all__ = [
+    "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
+    "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
+]
+
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- datasets as arrays
+class TextDataset:
+    """Sentences with labels: ``texts`` (N str), ``pairs`` (N str or None), ``labels`` (N,) int64."""
+
+    def __init__(self, texts, labels, classes, pairs=None, name="text"):
+        self.texts = list(texts)
+        self.pairs = None if pairs is None else list(pairs)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.classes = tuple(classes)
+        self.name = name
+        if self.labels.shape != (len(self.texts),) or (self.pairs is not None and len(self.pairs) != len(self.texts)):
+            raise ValueError(f"{name}: {len(self.texts)} texts, {self.labels.shape} labels, "
+                             f"{None if self.pairs is None else len(self.pairs)} pairs")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self):
+        return len(self.texts)
+
+    def __getitem__(self, i):
+        return (self.texts[i] if self.pairs is None else (self.texts[i], self.pairs[i])), int(self.labels[i])
+
+    def corpus(self):
+        """Every sentence (both sides of the pairs): what a tokenizer is trained on."""
+        return self.texts + (self.pairs or [])
+
+    def encode(self, tokenizer, max_len=128) -> "TokenDataset":
+        ids, _ = tokenizer.encode_batch(self.texts, self.pairs, max_len)
+        return TokenDataset(ids, self.labels, self.classes, self.pairs is not None)
+
+    def __repr__(self):
+        kind = "sentence pairs" if self.pairs is not None else "sentences"
+        return f"{self.name}({len(self)} {kind}, {self.num_classes} classes)"
+
+
+class TokenDataset:
+    """Token ids (N, S) int64 and labels (N,) int64, ready for a ``TokenLoader``."""
+
+    def __init__(self, ids, labels, classes, paired=False):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.classes, self.paired = tuple(classes), bool(paired)
+
+    @property
+    def num_classes(self):
+        return len(self.classes)
+
+    @property
+    def seq_len(self):
+        return self.ids.shape[1]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __repr__(self):
+        return f"TokenDataset({len(self)} x {self.seq_len} ids, {self.num_classes} classes)"
+
+
+class TokenLoader:
+    """Batches ``(ids, labels)`` of a TokenDataset as int64 Tensors on ``device``; the same
+    interface as ``DataLoader`` (``rng`` drives the shuffling; ``len`` = batches per epoch)."""
+
+    def __init__(self, dataset, batch_size, shuffle=False, drop_last=False, rng=None, device="cpu"):
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.dataset, self.batch_size = dataset, int(batch_size)
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(0 if rng is None else rng)
+        self.device = parse_device(device)
+        module_for_device(self.device)
+
+    def __len__(self):
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        n = len(self.dataset)
+        order = self.rng.permutation(n) if self.shuffle else np.arange(n)
+        for b in range(len(self)):
+            index = order[b * self.batch_size:(b + 1) * self.batch_size]
+            yield (Tensor(to_device(self.dataset.ids[index], self.device)),
+                   Tensor(to_device(self.dataset.labels[index], self.device)))
+
+
+# --------------------------------------------------------------------------- generated tasks
+FILLER = ("the", "a", "film", "movie", "story", "was", "is", "very", "quite", "long", "short", "and",
+          "but", "with", "of", "actor", "scene", "plot", "music", "ending", "it", "this", "that", "so")
+CONTENT = ("apple", "river", "stone", "cloud", "tiger", "violin", "garden", "rocket", "candle", "forest",
+           "mirror", "island", "pepper", "marble", "lantern", "harbor", "meadow", "falcon", "copper",
+           "velvet", "glacier", "orchid", "thunder", "saddle")
+
+
+def OrderTask(num_examples=2000, seq_words=12, seed=0, train=True, markers=("red", "blue")):
+    """Which marker comes first? ``seq_words`` words: fillers, and ``markers`` once each at two
+    random places; label 0 when the first marker comes first, 1 otherwise (balanced)."""
+    rng = np.random.default_rng([seed, 0 if train else 1])
+    texts, labels = [], np.zeros(num_examples, dtype=np.int64)
+    for n in range(num_examples):
+        words = list(rng.choice(FILLER, size=seq_words))
+        i, j = rng.choice(seq_words, size=2, replace=False)
+        labels[n] = int(i > j)
+        words[min(i, j)], words[max(i, j)] = (markers if labels[n] == 0 else markers[::-1])
+        texts.append(" ".join(words))
+    return TextDataset(texts, labels, (f"{markers[0]} first", f"{markers[1]} first"), name="OrderTask")
+
+
+def PairMatchTask(num_examples=2000, words_per_side=4, vocab=16, seed=0, train=True):
+    """Do two sentences share a word? Each side holds ``words_per_side`` distinct words out of the
+    first ``vocab`` CONTENT words; label 1 (half the examples): exactly one word in common, at a
+    random place on each side; label 0: none in common."""
+    if not 2 * words_per_side <= vocab <= len(CONTENT):
+        raise ValueError(f"PairMatchTask: vocab must lie in [{2 * words_per_side}, {len(CONTENT)}]")
+    rng = np.random.default_rng([seed, 2 if train else 3])
+    texts, pairs, labels = [], [], np.zeros(num_examples, dtype=np.int64)
+    for n in range(num_examples):
+        chosen = rng.choice(vocab, size=2 * words_per_side, replace=False)
+        a, b = list(chosen[:words_per_side]), list(chosen[words_per_side:])
+        labels[n] = n % 2
+        if labels[n]:
+            b[rng.integers(words_per_side)] = a[rng.integers(words_per_side)]
+        texts.append(" ".join(CONTENT[k] for k in a))
+        pairs.append(" ".join(CONTENT[k] for k in b))
+    return TextDataset(texts, labels, ("different", "shared word"), pairs=pairs, name="PairMatchTask")
+
+
+# --------------------------------------------------------------------------- official archives
+@dataclass(frozen=True)
+class TextArchive:
+    """One archive: URLs tried in order, MD5 (None: not pinned), the files it holds inside
+    ``folder`` with their line counts (None: not checked), and ``kind`` ("tar.gz" or "zip")."""
+
+    name: str
+    urls: tuple
+    filename: str
+    md5: str | None
+    size: int | None              # bytes, for the progress bar when the server does not say
+    folder: str
+    files: dict
+    kind: str
+
+
+TEXT_ARCHIVES = {
+    "polarity": TextArchive(
+        name="sentence polarity v1.0",
+        urls=("https://www.cs.cornell.edu/people/pabo/movie-review-data/rt-polaritydata.tar.gz",),
+        filename="rt-polaritydata.tar.gz", md5=None, size=None, folder="rt-polaritydata",
+        files={"rt-polarity.pos": 5331, "rt-polarity.neg": 5331}, kind="tar.gz",
+    ),
+    "sst2": TextArchive(
+        name="SST-2",
+        urls=("https://dl.fbaipublicfiles.com/glue/data/SST-2.zip",),
+        filename="SST-2.zip", md5="9f81648d4199384278b86e315dac217c", size=None, folder="SST-2",
+        files={"train.tsv": 67_350, "dev.tsv": 873}, kind="zip",    # with their header lines
+    ),
+}
+
+
+def _how_to_fix(spec, root):
+    return (f"To use a copy you already have, pass its folder (the one holding {spec.folder}/ or "
+            f"{spec.filename}) as root=... (--data-dir in the examples) or set TINYMLP_DATA; it is "
+            f"looked for in {root}. To work without it, use a generated set: tinymlp.data.OrderTask "
+            f"or PairMatchTask (--dataset synthetic in the examples).")
+
+
+def prepare_text(spec: TextArchive, root=None, download=True, progress=True) -> Path:
+    """Make sure ``root/spec.folder`` holds the checked files; return that folder (as CIFAR's ``prepare``)."""
+    root = data_root(root)
+    folder = root / spec.folder
+    if folder.is_dir():
+        _check_files(spec, folder, f"Delete the folder {folder} and run again with download=True.")
+        return folder
+    archive = root / spec.filename
+    downloaded = False
+    if archive.is_file():
+        if spec.md5 is not None and (actual := _md5(archive)) != spec.md5:
+            raise DatasetError(f"{archive} is corrupted or incomplete: its MD5 is {actual}, expected "
+                               f"{spec.md5}. Delete it and run again with download=True.")
+    elif not download:
+        raise DatasetError(f"{spec.name} was not found in {root} and download=False. Pass download=True "
+                           f"(in the example scripts: leave out --no-download) to fetch it. "
+                           + _how_to_fix(spec, root))
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        _download(spec, archive, progress)
+        downloaded = True
+    _extract(spec, archive, root, downloaded)
+    return folder
+
+
+def _download(spec, dest, progress):
+    failures = []
+    for url in spec.urls:
+        try:
+            _fetch(url, dest, spec, progress)
+            return
+        except DatasetError as exc:                      # a checksum mismatch: nothing kept
+            raise DatasetError(f"downloading {spec.name} from {url} failed: {exc}") from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            failures.append(f"{url}: {type(exc).__name__}: {exc}")
+    raise DatasetError(f"could not download {spec.name} (no network?):\n  " + "\n  ".join(failures)
+                       + "\n" + _how_to_fix(spec, dest.parent))
+
+
+def _fetch(url, dest, spec, progress):
+    from tqdm import tqdm  # noqa: PLC0415 - only a download needs it
+
+    fd, part = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        digest = hashlib.md5(usedforsecurity=False)
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            total = int(response.headers.get("Content-Length") or spec.size)
+            with tqdm(total=total, unit="B", unit_scale=True, desc=spec.filename, disable=not progress) as bar:
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+        if spec.md5 is not None and digest.hexdigest() != spec.md5:
+            raise DatasetError(f"MD5 mismatch: expected {spec.md5}, got {digest.hexdigest()} (a truncated "
+                               f"or altered download); the file was removed")
+        os.replace(part, dest)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
+
+
+def _extract(spec, archive, root, remove_on_failure):
+    """Unpack into a temporary folder, check, rename into place; on failure leave nothing."""
+    fix = ("The downloaded archive was removed." if remove_on_failure else
+           "Delete it and run again with download=True to fetch a fresh copy.")
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.folder}.", suffix=".unpacking"))
+    try:
+        try:
+            if spec.kind == "zip":
+                with zipfile.ZipFile(archive) as zf:
+                    for member in zf.namelist():
+                        target = (tmp / member).resolve()
+                        if not target.is_relative_to(tmp.resolve()):
+                            raise DatasetError(f"{archive} was refused: member {member!r} would be written "
+                                               f"outside the data folder. Nothing was extracted. {fix}")
+                    zf.extractall(tmp)
+            else:
+                with tarfile.open(archive, "r:gz") as tar:
+                    tar.extractall(tmp, filter="data")
+        except tarfile.FilterError as exc:
+            raise DatasetError(f"{archive} was refused: member {exc.tarinfo.name!r} would be written outside "
+                               f"the data folder or is not a plain file. Nothing was extracted. {fix}") from None
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+            raise DatasetError(f"{archive} could not be unpacked ({type(exc).__name__}: {exc}): it is "
+                               f"truncated or corrupted. Nothing was extracted. {fix}") from None
+        _check_files(spec, tmp / spec.folder, f"{archive} is not the expected archive. {fix}")
+        try:
+            os.rename(tmp / spec.folder, root / spec.folder)
+        except OSError:
+            if not (root / spec.folder).is_dir():
+                raise
+    except DatasetError:
+        if remove_on_failure:
+            archive.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _lines(path):
+    return path.read_bytes().decode("latin-1").splitlines()
+
+
+def _check_files(spec, folder, fix):
+    for name, count in spec.files.items():
+        path = folder / name
+        if not path.is_file():
+            raise DatasetError(f"{path} is missing. {fix}")
+        if count is not None and (n := len(_lines(path))) != count:
+            raise DatasetError(f"{path} is truncated or corrupted: {n} lines, expected {count}. {fix}")
+
+
+class SentencePolarity(TextDataset):
+    """Pang and Lee's 10,662 movie-review sentences: label 1 positive, 0 negative; a seeded
+    ``test_fraction`` of each class is the test split (there is no official one)."""
+
+    def __init__(self, root=None, train=True, download=True, progress=True, test_fraction=0.1, seed=0):
+        spec = TEXT_ARCHIVES["polarity"]
+        self.root = prepare_text(spec, root, download, progress)
+        texts, labels = [], []
+        for label, name in ((0, "rt-polarity.neg"), (1, "rt-polarity.pos")):
+            lines = [s.strip() for s in _lines(self.root / name)]
+            order = np.random.default_rng([seed, label]).permutation(len(lines))
+            n_test = int(round(test_fraction * len(lines)))
+            keep = order[n_test:] if train else order[:n_test]
+            texts += [lines[i] for i in sorted(keep)]
+            labels += [label] * len(keep)
+        super().__init__(texts, labels, ("negative", "positive"), name="SentencePolarity")
+        self.train = train
+
+
+class SST2(TextDataset):
+    """SST-2 from GLUE: train.tsv (train=True) or dev.tsv (train=False, GLUE's test has no labels);
+    label 1 positive, 0 negative."""
+
+    def __init__(self, root=None, train=True, download=True, progress=True):
+        spec = TEXT_ARCHIVES["sst2"]
+        self.root = prepare_text(spec, root, download, progress)
+        path = self.root / ("train.tsv" if train else "dev.tsv")
+        rows = path.read_text(encoding="utf-8").splitlines()
+        if not rows or rows[0].split("\t") != ["sentence", "label"]:
+            raise DatasetError(f"{path}: expected the header 'sentence<TAB>label'. Delete {self.root} and "
+                               f"run again with download=True.")
+        texts, labels = [], []
+        for k, row in enumerate(rows[1:], start=2):
+            sentence, _, label = row.rpartition("\t")
+            if label not in ("0", "1"):
+                raise DatasetError(f"{path}, line {k}: label {label!r} is not 0 or 1; the file is corrupted.")
+            texts.append(sentence.strip())
+            labels.append(int(label))
+        super().__init__(texts, labels, ("negative", "positive"), name="SST2")
+        self.train = train
+
+
+TEXT_DATASETS = {"polarity": SentencePolarity, "sst2": SST2, "order": OrderTask, "pairs": PairMatchTask}
+
+
+def get_text_dataset(name, train=True, root=None, download=True, **kwargs):
+    """"polarity", "sst2" (``root``, ``download`` apply) or the generated "order", "pairs"."""
+    key = str(name).lower().replace("-", "")
+    if key not in TEXT_DATASETS:
+        raise ValueError(f"unknown text dataset {name!r}: expected one of {sorted(TEXT_DATASETS)}")
+    if key in ("order", "pairs"):
+        return TEXT_DATASETS[key](train=train, **kwargs)
+    return TEXT_DATASETS[key](root=root, train=train, download=download, **kwargs)

@@ -1,0 +1,242 @@
+"""gMLP and aMLP on text (the course work's section 3.3-3.5; Liu et al. 2021, section 4).
+
+Token ids (B, S), padded with [PAD] to a fixed S (the SGU's S x S matrix is tied to it), are
+embedded as in BERT and go through the same blocks as the image gMLP:
+
+    X   = E[ids] (+ T[segment]) (+ P)               (B, S, C)   token (+ segment, + position) embedding
+    X^  = LN(X)
+    Z   = GELU(X^ U + b_U)                           (B, S, d_ffn)
+    Y   = X + s(Z) V + b_V,  s(Z) = Z_1 * (W LN(Z_2) + b [+ TinyAttn(X^)])     aMLP adds the bracket
+
+and end in one of two heads:
+
+- classification: LN, then the mean over the *real* tokens (the padding mask m = ids != [PAD]:
+  sum_i m_i x_i / sum_i m_i) or the [CLS] token (``pooling="cls"``), then a zero-initialised
+  Linear: logits (B, num_classes);
+- language model (``lm_head=True``): LN, then logits = h E^T + b over the vocabulary at every
+  position, with E the input table (tied). Masked-LM pretraining predicts the ids hidden behind
+  [MASK]; ``causal=True`` makes every SGU (and tiny attention) look only left, for a
+  left-to-right LM.
+
+Sentence pairs ``[CLS] a [SEP] b [SEP]`` get segment embeddings T[0] for ``[CLS] a [SEP]`` and
+T[1] for ``b [SEP]``; the segments are read off the ids (after the first [SEP]) unless given.
+The padding mask also hides the padding keys from the tiny attention. gMLP needs no position
+embedding (W sees positions); ``position="learned"`` or ``"sinusoidal"`` adds one.
+
+Presets (``TEXT_PRESETS``): the course work's Table 6 SGU variants at a small scale, and the
+sizes of its Tables 7-9 (18 and 36 layers, C = 512, d_ffn = 3072, BERT's 30,522-piece vocabulary,
+S = 128), whose analytic parameter counts ``text_num_parameters`` reproduces: 58.5M for the
+18-layer gMLP (Table 7: 59M), 101.4M for the 36-layer one (102M). Table 6's non-split variants
+(92M) fit d_ffn = 2048 = 4C (the gate is not halved, so a narrower Z keeps the size): 92.0M.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from .. import functional as F
+from ..backend import array_module
+from ..nn import (
+    Embedding, LayerNorm, Linear, Module, ModuleList, PositionEmbedding, SpatialGatingUnit, TiedLMHead,
+    TinyAttention, init,
+)
+from ..ops import reshape, split
+from .gmlp import gate_width
+from .vit import sinusoidal_embedding
+
+__all__ = ["TEXT_PRESETS", "TEXT_PAPER_PARAMETERS", "TextBlock", "TextGMLP", "text_config", "text_create",
+           "text_num_parameters"]
+
+PAD_ID, SEP_ID = 0, 3          # tinymlp.text's ids of [PAD] and [SEP]
+
+
+def _ids_array(ids):
+    return ids.data if hasattr(ids, "data") and not isinstance(ids, np.ndarray) else ids
+
+
+class TextBlock(Module):
+    """x + proj_out(SGU(GELU(proj_in(LN(x))))) on (B, S, dim); aMLP with ``attn_dim``, whose tiny
+    attention (on LN(x)) feeds the SGU's gate residual and ignores padding keys (``mask``)."""
+
+    def __init__(self, seq_len, dim, ffn_dim, attn_dim=None, sgu_variant="split", toeplitz=None,
+                 causal=False, eps=1e-6, rng=None):
+        super().__init__()
+        width = gate_width(ffn_dim, sgu_variant)
+        self.causal = bool(causal)
+        self.norm = LayerNorm(dim, eps=eps)
+        self.proj_in = Linear(dim, ffn_dim, rng=rng, activation="gelu")        # GELU(X^ U + b_U)
+        self.sgu = SpatialGatingUnit(seq_len, ffn_dim, variant=sgu_variant, toeplitz=toeplitz,
+                                     causal=causal, eps=eps, rng=rng)
+        self.proj_out = Linear(width, dim, rng=rng)
+        self.attn = TinyAttention(dim, width, attn_dim, rng=rng) if attn_dim else None
+
+    def forward(self, x, mask=None):
+        h = self.norm(x)                                                        # X^   (B, S, C)
+        gate_residual = None
+        if self.attn is not None:
+            gate_residual = self._tiny_attention(h, mask)                       # (B, S, width)
+        z = self.proj_in(h)                                                     # Z    (B, S, d_ffn)
+        return x + self.proj_out(self.sgu(z, gate_residual=gate_residual))      # Y    (B, S, C)
+
+    def _tiny_attention(self, h, mask):
+        """TinyAttention with the padding keys hidden. (Until nn.TinyAttention takes ``mask=``,
+        the same computation from its own two layers: qkv, softmax(q k^T / sqrt(d) + mask) v, out.)"""
+        if mask is None or _TAKES_MASK:
+            return self.attn(h, mask=mask, causal=self.causal) if _TAKES_MASK else self.attn(h, causal=self.causal)
+        q, k, v = split(self.attn.qkv(h), 3, axis=-1)                          # (B, S, d_attn) each
+        return self.attn.out(F.attention(q, k, v, mask=mask[:, None, :], causal=self.causal))
+
+
+_TAKES_MASK = "mask" in inspect.signature(TinyAttention.forward).parameters
+
+
+class TextGMLP(Module):
+    """gMLP (aMLP with ``attn_dim``) on token ids (B, seq_len): class logits (B, num_classes),
+    and with ``lm_head`` the vocabulary logits of every position, ``model.token_logits(ids)``."""
+
+    def __init__(self, vocab_size, seq_len=128, dim=128, depth=6, ffn_dim=768, num_classes=2, attn_dim=None,
+                 sgu_variant="split", toeplitz=None, causal=False, pooling="mean", segments=True,
+                 position=None, lm_head=False, eps=1e-6, seed=0):
+        super().__init__()
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"TextGMLP: pooling must be 'mean' or 'cls', got {pooling!r}")
+        if position not in (None, "learned", "sinusoidal"):
+            raise ValueError(f"TextGMLP: position must be None, 'learned' or 'sinusoidal', got {position!r}")
+        toeplitz = toeplitz or None
+        self.config = dict(vocab_size=vocab_size, seq_len=seq_len, dim=dim, depth=depth, ffn_dim=ffn_dim,
+                           num_classes=num_classes, attn_dim=attn_dim, sgu_variant=sgu_variant,
+                           toeplitz=toeplitz, causal=causal, pooling=pooling, segments=segments,
+                           position=position, lm_head=lm_head, eps=eps, seed=seed)
+        rng = np.random.default_rng(seed)
+        self.seq_len, self.pooling = int(seq_len), pooling
+        self.embed = Embedding(vocab_size, dim, rng=rng)
+        self.segment = Embedding(2, dim, rng=rng) if segments else None
+        self.position = None
+        if position is not None:
+            table = sinusoidal_embedding(seq_len, dim) if position == "sinusoidal" else None
+            self.position = PositionEmbedding(seq_len, dim, table=table, rng=rng)
+        self.blocks = ModuleList([
+            TextBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, eps, rng=rng)
+            for _ in range(depth)
+        ])
+        self.norm = LayerNorm(dim, eps=eps)
+        self.head = None
+        if num_classes:
+            self.head = Linear(dim, num_classes, rng=rng)
+            init.zeros(self.head.weight)                     # first loss: ln(num_classes)
+        self.lm_head = TiedLMHead(self.embed) if lm_head else None
+
+    # ------------------------------------------------------------------ the body
+    def features(self, ids, segments=None):
+        """LN of the last block's tokens (B, S, dim), and the padding mask (B, S) bool."""
+        ids = _ids_array(ids)
+        B, S = ids.shape
+        if S != self.seq_len:
+            raise ValueError(f"TextGMLP: ids of shape {tuple(ids.shape)}, expected (B, {self.seq_len}): "
+                             f"pad or cut every sequence to seq_len={self.seq_len} (Tokenizer.encode max_len)")
+        xp = array_module(ids)
+        mask = ids != PAD_ID                                                     # real tokens
+        x = self.embed(ids)                                                      # (B, S, C)
+        if self.segment is not None:
+            if segments is None:                                                 # 1 after the first [SEP]
+                is_sep = ids == SEP_ID
+                segments = xp.minimum(xp.cumsum(is_sep, axis=1) - is_sep, 1) * mask
+            x = x + self.segment(_ids_array(segments))
+        if self.position is not None:
+            x = self.position(x)
+        for block in self.blocks:
+            x = block(x, mask=mask)
+        return self.norm(x), mask
+
+    def forward(self, ids, segments=None):
+        if self.head is None:
+            raise RuntimeError("TextGMLP: built with num_classes=0 (a language model): call token_logits(ids)")
+        h, mask = self.features(ids, segments)
+        if self.pooling == "cls":
+            pooled = h[:, 0]                                                     # the [CLS] token
+        else:                                                                    # mean over real tokens
+            m = mask.astype(h.dtype)
+            count = xp_max(m.sum(axis=1, keepdims=True), 1.0)
+            pooled = (h * m[:, :, None]).sum(axis=1) / count                     # (B, C)
+        return self.head(pooled)                                                 # (B, num_classes)
+
+    def token_logits(self, ids, segments=None, positions=None):
+        """Vocabulary logits (B, S, V) through the tied head; with ``positions`` (an index into
+        the flattened B*S tokens) only those rows, (P, V): what masked-LM training needs."""
+        if self.lm_head is None:
+            raise RuntimeError("TextGMLP: built without lm_head=True")
+        h, _ = self.features(ids, segments)
+        if positions is not None:
+            h = reshape(h, (-1, h.shape[-1]))[positions]
+        return self.lm_head(h)
+
+
+def xp_max(a, floor):
+    return array_module(a).maximum(a, floor)
+
+
+# --------------------------------------------------------------------------- presets
+_BERT_VOCAB = 30_522
+_SMALL = dict(vocab_size=8000, seq_len=128, dim=128, depth=6, num_classes=2)
+_PAPER = dict(vocab_size=_BERT_VOCAB, seq_len=128, dim=512, num_classes=2)
+
+TEXT_PRESETS = {
+    # course work Table 6 (SGU variants, MLM perplexity) at a small scale: C = 128, 6 blocks;
+    # d_ffn = 4C for the unsplit gates and 6C for split, as the paper's 92M / 102M imply
+    "gmlp_text_linear": dict(_SMALL, ffn_dim=512, sgu_variant="linear"),
+    "gmlp_text_additive": dict(_SMALL, ffn_dim=512, sgu_variant="additive"),
+    "gmlp_text_multiplicative": dict(_SMALL, ffn_dim=512, sgu_variant="multiplicative"),
+    "gmlp_text_split": dict(_SMALL, ffn_dim=768, sgu_variant="split"),
+    "amlp_text_split": dict(_SMALL, ffn_dim=768, sgu_variant="split", attn_dim=64),
+    # Table 6 at full size (36 blocks, C = 512)
+    "gmlp_mlm36_multiplicative": dict(_PAPER, depth=36, ffn_dim=2048, sgu_variant="multiplicative"),
+    "gmlp_mlm36_split": dict(_PAPER, depth=36, ffn_dim=3072),
+    # Tables 7-9: the 18-layer models (d_attn = 64 for aMLP)
+    "gmlp_text18": dict(_PAPER, depth=18, ffn_dim=3072),
+    "amlp_text18": dict(_PAPER, depth=18, ffn_dim=3072, attn_dim=64),
+    "tmlp_text18": dict(_PAPER, depth=18, ffn_dim=3072, toeplitz="1d"),   # Table 8's Toeplitz "tMLP"
+}
+
+# The papers' counts in millions (Table 6: 92 unsplit, 102 split; Table 7: gMLP 18 layers 59M).
+TEXT_PAPER_PARAMETERS = {"gmlp_mlm36_multiplicative": 92, "gmlp_mlm36_split": 102, "gmlp_text18": 59}
+
+
+def text_config(name, **overrides):
+    """(TextGMLP, keyword arguments) of preset ``name`` with ``overrides`` applied."""
+    if name not in TEXT_PRESETS:
+        raise KeyError(f"unknown text preset {name!r}; available: {', '.join(TEXT_PRESETS)}")
+    return TextGMLP, {**TEXT_PRESETS[name], **overrides}
+
+
+def text_create(name, **overrides):
+    cls, kwargs = text_config(name, **overrides)
+    return cls(**kwargs)
+
+
+def text_num_parameters(name=None, include_head=True, **config):
+    """Parameters of a preset (or of a TextGMLP ``config``), counted without building it."""
+    c = {**_defaults(), **(TEXT_PRESETS[name] if name else {}), **config}
+    V, S, D, F = c["vocab_size"], c["seq_len"], c["dim"], c["ffn_dim"]
+    width = gate_width(F, c["sgu_variant"])
+    gate = width if c["sgu_variant"] == "split" else F
+    spatial = {None: S * S, "1d": 2 * S - 1}[c["toeplitz"] or None]
+    block = (2 * D + D * F + F                            # LN, proj_in
+             + 2 * gate + spatial + S                     # SGU: LN of the gate, W, b
+             + width * D + D)                             # proj_out
+    if c["attn_dim"]:
+        a = c["attn_dim"]
+        block += D * 3 * a + a * width + width            # tiny attention: qkv (no bias), out
+    total = V * D + c["depth"] * block + 2 * D            # token table, blocks, final LN
+    total += 2 * D if c["segments"] else 0
+    total += S * D if c["position"] == "learned" else 0
+    if include_head:
+        total += (D * c["num_classes"] + c["num_classes"]) if c["num_classes"] else 0
+        total += V if c["lm_head"] else 0                 # the tied head's own bias
+    return total
+
+
+def _defaults():
+    return {k: p.default for k, p in inspect.signature(TextGMLP.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
