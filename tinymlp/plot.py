@@ -71,11 +71,12 @@ def _grid_of(model, num_tokens):
 
 
 # ---------------------------------------------------------------------- training curves
-def training_curves(history, path=None, title=None):
+def training_curves(history, path=None, title=None, val_name="validation"):
     """Loss (left) and accuracy (right) per epoch, training and validation; a Figure.
 
     ``history`` is a ``tinymlp.train.History`` or its ``to_dict()`` form (e.g. read back from
-    ``metrics.json``). Validation curves are drawn when there are validation values.
+    ``metrics.json``). Validation curves are drawn when there are validation values, labelled
+    ``val_name`` (the CIFAR scripts say "test": their held-out split is CIFAR's test set).
     """
     h = history.to_dict() if hasattr(history, "to_dict") else history
     epochs = h["epoch"]
@@ -86,7 +87,7 @@ def training_curves(history, path=None, title=None):
         ax.plot(epochs, [scale * v for v in h[f"train_{key}"]], "o-", ms=3, label="train")
         val = [(e, scale * v) for e, v in zip(epochs, h[f"val_{key}"]) if v is not None]
         if val:
-            ax.plot(*zip(*val), "o-", ms=3, label="validation")
+            ax.plot(*zip(*val), "o-", ms=3, label=val_name)
         ax.set_xlabel("epoch")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -104,13 +104,16 @@ def _plain(value):
     return np.asarray(value).item()
 
 
-def format_epoch(history: History, total_epochs=None) -> str:
-    """One line describing the last epoch of ``history`` (for logs and ``--no-progress`` runs)."""
+def format_epoch(history: History, total_epochs=None, val_name="val") -> str:
+    """One line describing the last epoch of ``history`` (for logs and ``--no-progress`` runs).
+
+    ``val_name`` is the word for the held-out split ("test" when it is the dataset's test set).
+    """
     r = history.last()
     of = f"/{total_epochs}" if total_epochs else ""
     text = f"epoch {r['epoch']}{of}: train loss {r['train_loss']:.4f} acc {100 * r['train_acc']:.2f}%"
     if r["val_loss"] is not None:
-        text += f" | val loss {r['val_loss']:.4f} acc {100 * r['val_acc']:.2f}%"
+        text += f" | {val_name} loss {r['val_loss']:.4f} acc {100 * r['val_acc']:.2f}%"
     return text + f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} img/s | {r['epoch_time']:.1f} s"
 
 
@@ -223,7 +226,7 @@ def evaluate(model, loader, limit_batches=None, loss_fn=F.cross_entropy, device=
 # ---------------------------------------------------------------------- fit
 def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=None, clip=None,
         device=None, callbacks=(), progress=None, limit_batches=None, loss_fn=F.cross_entropy,
-        start_epoch=0, history=None, sync_every=SYNC_EVERY) -> History:
+        start_epoch=0, history=None, sync_every=SYNC_EVERY, val_name="val") -> History:
     """Train ``model`` until ``epochs`` epochs are done in total; return the ``History``.
 
     - ``epochs`` counts from the start of the run: with ``start_epoch=k`` (k epochs already done,
@@ -241,6 +244,8 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
     - ``limit_batches``: at most this many batches per epoch, for training and validation
       (smoke runs).
     - ``sync_every``: batches between two reads of the running metrics (see the module docstring).
+    - ``val_name``: the word the progress output uses for ``val_loader``'s split ("test" when
+      it is the dataset's test set).
 
     A loss that becomes NaN or infinite stops training with a FloatingPointError that says
     when (it is noticed at the next read of the metrics).
@@ -293,8 +298,8 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                 images_per_sec=running.count / train_time if train_time > 0 else math.nan, steps=steps,
             )
             if show:
-                epoch_bar.write(format_epoch(history, epochs))
-                epoch_bar.set_postfix(_postfix(history.last()), refresh=False)
+                epoch_bar.write(format_epoch(history, epochs, val_name))
+                epoch_bar.set_postfix(_postfix(history.last(), val_name), refresh=False)
                 epoch_bar.update(1)
             for callback in callbacks:
                 callback(epoch + 1, history)
@@ -317,8 +322,8 @@ def _check_finite(metrics, epoch, images, batch=None):
     return loss, acc
 
 
-def _postfix(row):
+def _postfix(row, val_name="val"):
     out = {"loss": f"{row['train_loss']:.4f}", "acc": f"{100 * row['train_acc']:.1f}%"}
     if row["val_acc"] is not None:
-        out["val_acc"] = f"{100 * row['val_acc']:.1f}%"
+        out[f"{val_name}_acc"] = f"{100 * row['val_acc']:.1f}%"
     return out
