@@ -6,8 +6,9 @@ import pytest
 
 from tinymlp import gradcheck, optim, tensor
 from tinymlp.data import OrderTask, TokenLoader
+from tinymlp.models.gmlp import GMLPBlock
 from tinymlp.models.text import (
-    TEXT_PAPER_PARAMETERS, TEXT_PRESETS, TextBlock, TextGMLP, text_config, text_num_parameters,
+    TEXT_PAPER_PARAMETERS, TEXT_PRESETS, TextGMLP, text_config, text_num_parameters,
 )
 from tinymlp.text import Tokenizer
 from tinymlp.train import fit
@@ -56,14 +57,14 @@ def test_segments_are_read_from_the_first_sep():
 
 
 def test_tiny_attention_ignores_padding_keys():
-    block = TextBlock(6, 4, 8, attn_dim=3, rng=0).to(dtype="float64")
+    block = GMLPBlock(6, 4, 8, attn_dim=3, rng=0).to(dtype="float64")
     rng = np.random.default_rng(5)
     h = rng.normal(size=(2, 6, 4))
     mask = ids_batch() != 0
     changed = h.copy()
     changed[~mask] = rng.normal(size=changed[~mask].shape)     # other values behind the padding
-    a = block._tiny_attention(tensor(h, dtype="float64"), mask).numpy()
-    b = block._tiny_attention(tensor(changed, dtype="float64"), mask).numpy()
+    a = block.attn(tensor(h, dtype="float64"), mask=mask).numpy()
+    b = block.attn(tensor(changed, dtype="float64"), mask=mask).numpy()
     np.testing.assert_allclose(a[mask], b[mask], rtol=1e-12)
 
 

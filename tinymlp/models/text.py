@@ -8,7 +8,8 @@ embedded as in BERT and go through the same blocks as the image gMLP:
     Z   = GELU(X^ U + b_U)                           (B, S, d_ffn)
     Y   = X + s(Z) V + b_V,  s(Z) = Z_1 * (W LN(Z_2) + b [+ TinyAttn(X^)])     aMLP adds the bracket
 
-and end in one of two heads:
+(the blocks are ``tinymlp.models.gmlp.GMLPBlock``, the image gMLP's, given the padding mask) and
+end in one of two heads:
 
 - classification: LN, then the mean over the *real* tokens (the padding mask m = ids != [PAD]:
   sum_i m_i x_i / sum_i m_i) or the [CLS] token (``pooling="cls"``), then a zero-initialised
@@ -36,17 +37,13 @@ import inspect
 
 import numpy as np
 
-from .. import functional as F
 from ..backend import array_module
-from ..nn import (
-    Embedding, LayerNorm, Linear, Module, ModuleList, PositionEmbedding, SpatialGatingUnit, TiedLMHead,
-    TinyAttention, init,
-)
-from ..ops import reshape, split
-from .gmlp import gate_width
+from ..nn import Embedding, LayerNorm, Linear, Module, ModuleList, PositionEmbedding, TiedLMHead, init
+from ..ops import reshape
+from .gmlp import GMLPBlock, gate_width
 from .vit import sinusoidal_embedding
 
-__all__ = ["TEXT_PRESETS", "TEXT_PAPER_PARAMETERS", "TextBlock", "TextGMLP", "text_config", "text_create",
+__all__ = ["TEXT_PRESETS", "TEXT_PAPER_PARAMETERS", "TextGMLP", "text_config", "text_create",
            "text_num_parameters"]
 
 PAD_ID, SEP_ID = 0, 3          # tinymlp.text's ids of [PAD] and [SEP]
@@ -54,42 +51,6 @@ PAD_ID, SEP_ID = 0, 3          # tinymlp.text's ids of [PAD] and [SEP]
 
 def _ids_array(ids):
     return ids.data if hasattr(ids, "data") and not isinstance(ids, np.ndarray) else ids
-
-
-class TextBlock(Module):
-    """x + proj_out(SGU(GELU(proj_in(LN(x))))) on (B, S, dim); aMLP with ``attn_dim``, whose tiny
-    attention (on LN(x)) feeds the SGU's gate residual and ignores padding keys (``mask``)."""
-
-    def __init__(self, seq_len, dim, ffn_dim, attn_dim=None, sgu_variant="split", toeplitz=None,
-                 causal=False, eps=1e-6, rng=None):
-        super().__init__()
-        width = gate_width(ffn_dim, sgu_variant)
-        self.causal = bool(causal)
-        self.norm = LayerNorm(dim, eps=eps)
-        self.proj_in = Linear(dim, ffn_dim, rng=rng, activation="gelu")        # GELU(X^ U + b_U)
-        self.sgu = SpatialGatingUnit(seq_len, ffn_dim, variant=sgu_variant, toeplitz=toeplitz,
-                                     causal=causal, eps=eps, rng=rng)
-        self.proj_out = Linear(width, dim, rng=rng)
-        self.attn = TinyAttention(dim, width, attn_dim, rng=rng) if attn_dim else None
-
-    def forward(self, x, mask=None):
-        h = self.norm(x)                                                        # X^   (B, S, C)
-        gate_residual = None
-        if self.attn is not None:
-            gate_residual = self._tiny_attention(h, mask)                       # (B, S, width)
-        z = self.proj_in(h)                                                     # Z    (B, S, d_ffn)
-        return x + self.proj_out(self.sgu(z, gate_residual=gate_residual))      # Y    (B, S, C)
-
-    def _tiny_attention(self, h, mask):
-        """TinyAttention with the padding keys hidden. (Until nn.TinyAttention takes ``mask=``,
-        the same computation from its own two layers: qkv, softmax(q k^T / sqrt(d) + mask) v, out.)"""
-        if mask is None or _TAKES_MASK:
-            return self.attn(h, mask=mask, causal=self.causal) if _TAKES_MASK else self.attn(h, causal=self.causal)
-        q, k, v = split(self.attn.qkv(h), 3, axis=-1)                          # (B, S, d_attn) each
-        return self.attn.out(F.attention(q, k, v, mask=mask[:, None, :], causal=self.causal))
-
-
-_TAKES_MASK = "mask" in inspect.signature(TinyAttention.forward).parameters
 
 
 class TextGMLP(Module):
@@ -118,7 +79,7 @@ class TextGMLP(Module):
             table = sinusoidal_embedding(seq_len, dim) if position == "sinusoidal" else None
             self.position = PositionEmbedding(seq_len, dim, table=table, rng=rng)
         self.blocks = ModuleList([
-            TextBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, eps, rng=rng)
+            GMLPBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, eps=eps, rng=rng)
             for _ in range(depth)
         ])
         self.norm = LayerNorm(dim, eps=eps)
