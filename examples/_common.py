@@ -325,11 +325,11 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
         if (sched.total_steps, sched.warmup_steps) != (total, warmup):  # a longer (or shorter) run now
             sched.load_state_dict({**sched.state_dict(), "total_steps": max(total, sched.step_count),
                                    "warmup_steps": min(warmup, total)})
-        print(f"resuming {resume}: {start} epoch(s) done, training until epoch {args.epochs}")
+        print(f"resuming {resume}: {_count(start, 'epoch')} done, training until epoch {args.epochs}")
 
-    print(f"{cls.__name__} ({meta['preset'] if meta else preset}): {model.num_parameters():,} parameters | "
+    print(f"{_model_title(cls, meta['preset'] if meta else preset, model)}: {model.num_parameters():,} parameters | "
           f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test images | {args.device} | "
-          f"{args.epochs} epochs x {steps_per_epoch} steps of {args.batch_size}, AdamW lr {args.lr:g} "
+          f"{_count(args.epochs, 'epoch')} x {steps_per_epoch} steps of {args.batch_size}, AdamW lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -342,16 +342,16 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
                         preset=meta["preset"] if meta else preset, model_config=model.config,
                         dataset=args.dataset, args=vars(args))
         _write_metrics(out, args, model, hist)
-        plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}")
+        plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="test")
         if not bars:
-            print(format_epoch(hist, args.epochs), flush=True)
+            print(format_epoch(hist, args.epochs, "test"), flush=True)
 
     if start < args.epochs:
         fit(model, opt, train_loader, test_loader, epochs=args.epochs, scheduler=sched,
             clip=args.clip or None, callbacks=[save_run], progress=show, limit_batches=args.limit_batches,
-            loss_fn=loss_fn, start_epoch=start, history=history)
+            loss_fn=loss_fn, start_epoch=start, history=history, val_name="test")
     else:
-        print(f"{start} epoch(s) already done: pass --epochs larger than {start} to train further")
+        print(f"{_count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     weight_plot(model, out / weight_file)
 
     if history.val_acc and history.val_acc[-1] is not None:
@@ -362,9 +362,26 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
     speed = f"{history.images_per_sec[-1]:,.0f} img/s training" if history.images_per_sec else "no training"
     limited = f" (first {args.limit_batches} batches)" if args.limit_batches else ""
     print(f"done: test accuracy {100 * test_acc:.2f}%{limited}, test loss {test_loss:.4f} | {speed} on "
-          f"{args.device} | {len(history)} epochs | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}, "
+          f"{args.device} | {_count(len(history), 'epoch')} | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}, "
           f"{weight_file})")
     return 0
+
+
+def _count(n, noun) -> str:
+    """'1 epoch', '3 epochs'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _model_title(cls, preset, model) -> str:
+    """'MLPMixer (mixer_cifar with dim 16, depth 2)': the preset, and the real widths where they are not its own."""
+    try:
+        _, defaults = preset_config(preset)
+    except KeyError:
+        return f"{cls.__name__} ({preset})"
+    config = getattr(model, "config", None) or {}
+    changed = [f"{k} {v}" for k, v in config.items()
+               if k in defaults and k != "num_classes" and defaults[k] != v]
+    return f"{cls.__name__} ({preset}" + (f" with {', '.join(changed)}" if changed else "") + ")"
 
 
 def _loss(label_smoothing):
