@@ -27,6 +27,11 @@
 # 3. what $W$ learns: do its rows become shifted copies of each other (Toeplitz-like), as the course work observed?
 # 4. the Toeplitz constraint and the parameters it saves.
 #
+# **Prerequisites:** lessons 4 (LayerNorm backward) and 6 (token mixing).
+#
+# **Exercises:** 07.1 (the full SGU backward: $dZ_1$, $dZ_2$ through the LayerNorm, $dW$, $db$),
+# 07.2 (a Toeplitz matrix from its $2S-1$ numbers) and 07.3 (its backward, the diagonal sums).
+#
 # **In tinymlp:** `tinymlp/nn/gating.py` (`SpatialGatingUnit`: the parameters and their
 # initialisation), `tinymlp/ops/gating.py` (`F.spatial_gating`, one fused op with its hand-derived
 # backward, and `F.toeplitz_1d` / `F.toeplitz_2d`), `tinymlp/models/gmlp.py` (`GMLPBlock`, `GMLP`, `AMLP`).
@@ -38,12 +43,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import tinymlp
-from tinymlp import F, nn
+from tinymlp import F, Function, nn
+from tinymlp.backend import array_module
 from tinymlp.data import DataLoader, Normalize, SyntheticImages
 from tinymlp.models import GMLP, GMLPBlock, num_parameters
 from tinymlp.optim import AdamW
 from tinymlp.plot import spatial_weights
 from tinymlp.train import fit
+from checks import check   # lessons/checks.py: one check per exercise
 
 rng = np.random.default_rng(0)
 lesson_start = time.perf_counter()
@@ -91,6 +98,9 @@ assert np.all(np.abs(out - z1) <= np.abs(z1) * bound + 1e-6)
 # the unit outputs almost nothing and passes back a thousandth of the gradient, so the
 # block is switched off until $W$ has grown. The cell below measures both, and checks the
 # formula for $\partial L/\partial W$ against what the fused op's backward computed.
+#
+# *Predict, then run:* how many times larger is $|\partial L/\partial Z|$ with $b = 1$ than with
+# $b = 0$, at this initialisation: about 2, about 30, or about 1000?
 
 # %%
 g = rng.standard_normal((4, S, e)).astype(np.float32)    # the upstream gradient G
@@ -113,6 +123,71 @@ ratio = np.linalg.norm(dz_b1) / np.linalg.norm(dz_b0)
 print(f"|dL/dZ| with b = 1: {np.linalg.norm(dz_b1):.3f}   with b = 0: {np.linalg.norm(dz_b0):.5f}"
       f"   ratio {ratio:.0f}")
 assert ratio > 100
+
+# %% [markdown]
+# (About a thousand: the gradient through $Z_1$ is $G\odot f$, and $f \approx b$. What is left
+# with $b = 0$ is the path through $Z_2$, itself scaled by $W = O(10^{-3})$.)
+#
+# ### The full backward pass of the SGU
+#
+# The two gradients above are half of the story. Per sample, with $N = \mathrm{LN}(Z_2)$
+# (over the channels, with its own $\gamma$ and $\beta$), $F = W N + b\,\mathbf 1^\top$ and
+# $s = Z_1 \odot F$, the gradient $G$ of $s$ flows back along every edge of that graph:
+#
+# 1. **the product** $s = Z_1\odot F$: $\;dZ_1 = G \odot F$ and $dF = G \odot Z_1$;
+# 2. **the bias**, broadcast over the channels (and shared by the batch): $\;db_i = \sum_{\text{batch}}\sum_c dF_{ic}$;
+# 3. **the spatial projection** $WN$, a matrix product over tokens (lesson 3):
+#    $\;dW = \sum_{\text{batch}} dF\,N^\top$ $(S\times S)$ and $dN = W^\top dF$;
+# 4. **the LayerNorm** (lesson 4), with $dN$ as its incoming gradient: $d\gamma = \sum dN\odot\hat N$,
+#    $d\beta = \sum dN$, and with $g = dN\odot\gamma$,
+#    $\;dZ_2 = r\,\bigl(g - \overline g - \hat N\,\overline{g\odot\hat N}\bigr)$ over the channels;
+# 5. **the split**: $dZ = [dZ_1, dZ_2]$, concatenated along the channels.
+#
+# $W^\top$ in step 3 is the transpose a spatial mixing always brings: token $j$ *sent* its
+# value to every token $i$ with weight $W_{ij}$, so it receives gradient from them with the
+# same weights. At initialisation $W \approx 0$, so $dN = W^\top dF \approx 0$: the path into
+# $Z_2$ is nearly closed, $dZ_2$ is tiny, and the gate's own input starts learning last.
+#
+# **Exercise 07.1.** Write `MySGU.backward` (the split variant) from steps 1-5. Forward saves
+# $Z_1$, $F$, $N$, $\hat N$, $r$, $W$ and $\gamma$. Now gradcheck yours: the check runs
+# `tinymlp.gradcheck` with $W$ of order 1 and $b \ne 1$, so that every path is visible.
+
+# %%
+class MySGU(Function):
+    """s = Z1 * (W LN(Z2) + b) on z = [Z1 | Z2] of shape (B, S, 2e); W (S, S), b (S,), LN with gamma, beta (e,)."""
+
+    @staticmethod
+    def forward(ctx, z, weight, bias, gamma, beta, eps=1e-5):
+        xp = array_module(z)
+        e = z.shape[-1] // 2
+        z1, z2 = z[..., :e], z[..., e:]
+        mu = z2.mean(axis=-1, keepdims=True)
+        r = 1 / xp.sqrt(((z2 - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+        n_hat = (z2 - mu) * r                                    # LN(Z2) before gamma and beta
+        n = gamma * n_hat + beta
+        f = xp.einsum("ij,bjc->bic", weight, n) + bias[:, None]  # W N + b, per sample
+        ctx.save_for_backward(z1, f, n, n_hat, r, weight, gamma)
+        return z1 * f
+
+    @staticmethod
+    def backward(ctx, grad):
+        z1, f, n, n_hat, r, weight, gamma = ctx.saved_tensors
+        xp = array_module(grad)
+        # BEGIN SOLUTION 07.1
+        dz1 = grad * f                                           # 1. the product
+        df = grad * z1
+        dbias = df.sum(axis=(0, 2))                              # 2. the bias: over batch and channels
+        dweight = xp.einsum("bic,bjc->ij", df, n)                # 3. dW = sum_b dF N^T
+        dn = xp.einsum("ij,bic->bjc", weight, df)                #    dN = W^T dF
+        dgamma = (dn * n_hat).sum(axis=(0, 1))                   # 4. the LayerNorm
+        dbeta = dn.sum(axis=(0, 1))
+        g = dn * gamma
+        dz2 = r * (g - g.mean(axis=-1, keepdims=True) - n_hat * (g * n_hat).mean(axis=-1, keepdims=True))
+        return xp.concatenate([dz1, dz2], axis=-1), dweight, dbias, dgamma, dbeta   # 5. the split
+        # END SOLUTION
+
+
+sgu_done = check("07.1", MySGU)
 
 # %% [markdown]
 # ## 2. The SGU variants, compared on a small task
@@ -165,11 +240,24 @@ for v in VARIANTS:
     print(f"{v:>15}: {tiny_gmlp(v).num_parameters():,} parameters")
 
 # %% [markdown]
-# Three seeds per variant, five epochs each (about a second per run): a small study, so we
-# look at the spread as well as the mean.
+# One seed per variant, five epochs each (a second or two per run on a laptop). A single run
+# says little about a ranking, so the table printed first is a three-seed study of the same
+# cell (seeds 0, 1, 2), computed once and stored here; the cell then trains seed 0 of each
+# variant live, which you can compare with the table's first column. (Set `SEEDS = [0, 1, 2]`
+# to redo the study: about three times as long.)
+#
+# *Predict, then run:* which variant will learn slowest here, and why? Think about what
+# multiplies what at initialisation, and which channels carry the "where" information.
 
 # %%
-SEEDS = [0, 1, 2]
+STORED = {  # validation accuracy after 5 epochs, seeds 0, 1, 2 (tinymlp at the time of writing)
+    "linear": [0.874, 0.990, 0.608], "additive": [0.878, 0.936, 0.994],
+    "multiplicative": [0.400, 0.250, 0.214], "split": [0.996, 0.996, 0.928],
+}
+for v, accs in STORED.items():
+    print(f"stored, 3 seeds {v:>15}: {np.round(accs, 3)}  mean {np.mean(accs):.3f}")
+
+SEEDS = [0]
 runs, trained = {}, {}
 start = time.perf_counter()
 for v in VARIANTS:
@@ -208,6 +296,14 @@ assert means["split"] > 0.85
 # %% [markdown]
 # On this task the split unit learns fastest and most reliably, as in Table 6; the
 # multiplicative one is the slowest starter here, unlike in the paper, where it came second.
+# Why it struggles here: in $Z\odot f(Z)$ every channel is at once the gated value and (through
+# $\mathrm{LN}(Z)$ and $W$) the gate, so a channel cannot specialise in "what is at my
+# position" while another carries "what is elsewhere". The split unit gives the two roles
+# separate channels, $Z_1$ and $Z_2$; the linear and additive units keep the token-mixed term
+# apart from the product. And LayerNorm inside the gate removes each token's overall scale, so
+# the product $Z\odot W\,\mathrm{LN}(Z)$ can only express interactions the normalised
+# channels of the same units happen to encode. (That is an explanation of this small
+# experiment, not a theorem: with a deeper model and more steps the paper's ranking may return.)
 # A small image task trained for seconds is not masked language modelling at scale, and with
 # a few hundred steps the ranking of the middle two moves with the seed: read the table as
 # "split is the safe default", which is what tinymlp's `sgu_variant="split"` encodes.
@@ -350,7 +446,58 @@ assert T < 0.2 and T_shuffled > 0.8, "the learned W is Toeplitz-like"
 # `F.toeplitz_1d` and `F.toeplitz_2d` build these matrices (their backward sums the gradient
 # of every entry that shares an offset back into that offset's one number), and
 # `SpatialGatingUnit(..., toeplitz="1d" | "2d")` uses them. The course work calls the
-# constrained gMLP "tMLP" (Table 8). First, check the construction against the formula:
+# constrained gMLP "tMLP" (Table 8).
+#
+# ### The Toeplitz backward
+#
+# $W$ is built from $w$ by copying: $w_k$ is written into every entry $(i, j)$ with
+# $i - j + S - 1 = k$, the $k$-th diagonal ($k = S - 1$ is the main one), which has
+# $S - |k - S + 1|$ entries. A copy's gradient is a sum (the broadcasting rule of lesson 2, for
+# an arbitrary pattern of copies), so given $dW = \partial L/\partial W$:
+#
+# $$\frac{\partial L}{\partial w_k} = \sum_{i - j + S - 1 = k} dW_{ij},$$
+#
+# the sum of $dW$ along its $k$-th diagonal. In 2-D the same rule sums over every pair of
+# tokens with the same offset $(\Delta r, \Delta c)$. This is also why a Toeplitz $W$ learns
+# faster per parameter: each of its numbers gathers the gradient of up to $S$ entries.
+#
+# **Exercise 07.2.** Build the $S\times S$ matrix $W_{ij} = w_{i-j+S-1}$ from $w$ of length
+# $2S-1$ (NumPy; `np.indices` or a loop over diagonals).
+#
+# **Exercise 07.3.** Its backward: given $dW$ $(S\times S)$, return $dw$ $(2S-1,)$, the sums
+# along the diagonals (`np.add.at`, or `np.trace(dW, offset=...)` per diagonal: mind its sign
+# convention). Then gradcheck yours: the check wraps your two functions in a `Function`.
+
+# %%
+def toeplitz(w, S):
+    """W[i, j] = w[i - j + S - 1] for an (S, S) matrix; w has 2S - 1 entries."""
+    # BEGIN SOLUTION 07.2
+    i, j = np.indices((S, S))
+    return w[i - j + S - 1]
+    # END SOLUTION
+
+
+def toeplitz_backward(dW):
+    """dL/dw from dL/dW: the sum of dW along each diagonal, offset i - j = k - (S - 1)."""
+    # BEGIN SOLUTION 07.3
+    S = dW.shape[0]
+    i, j = np.indices((S, S))
+    dw = np.zeros(2 * S - 1, dtype=dW.dtype)
+    np.add.at(dw, (i - j + S - 1).ravel(), dW.ravel())
+    return dw
+    # END SOLUTION
+
+
+check("07.2", toeplitz)
+if check("07.3", toeplitz_backward):
+    wt = tinymlp.tensor(rng.standard_normal(2 * SEQ - 1), dtype="float64", requires_grad=True)
+    dW_up = rng.standard_normal((SEQ, SEQ))
+    F.toeplitz_1d(wt, SEQ).backward(dW_up)
+    assert np.allclose(wt.grad, toeplitz_backward(dW_up))
+    print("toeplitz_backward == the backward of F.toeplitz_1d")
+
+# %% [markdown]
+# The library's construction against the formula, in 1-D and on a grid:
 
 # %%
 w = rng.standard_normal(2 * SEQ - 1)
