@@ -308,3 +308,50 @@ def test_the_distribution_has_a_name_of_its_own_on_pypi():
     config = configparser.ConfigParser()
     config.read(Path(__file__).resolve().parent.parent / "setup.cfg")
     assert config["metadata"]["name"] == "tinymlp-edu"       # "tinymlp" on PyPI is an unrelated project
+
+
+# ---------------------------------------------------------------------- hyper-parameters
+def _params():
+    return [tensor(np.ones(3), requires_grad=True)]
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("build,argument,given", [
+    (lambda o, p: o.SGD(p, lr=NAN), "lr", "nan"),
+    (lambda o, p: o.SGD(p, lr=-0.1), "lr", "-0.1"),
+    (lambda o, p: o.AdamW(p, lr=INF), "lr", "inf"),
+    (lambda o, p: o.AdamW(p, weight_decay=-0.05), "weight_decay", "-0.05"),
+    (lambda o, p: o.SGD(p, lr=0.1, weight_decay=NAN), "weight_decay", "nan"),
+    (lambda o, p: o.Adam(p, betas=(0.9, 1.0)), "betas[1]", "1.0"),
+    (lambda o, p: o.Adam(p, betas=(NAN, 0.999)), "betas[0]", "nan"),
+    (lambda o, p: o.AdamW(p, eps=0.0), "eps", "0.0"),
+    (lambda o, p: o.AdamW(p, eps=INF), "eps", "inf"),
+    (lambda o, p: o.SGD(p, lr=0.1, momentum=1.5), "momentum", "1.5"),
+    (lambda o, p: o.SGD(p, lr=0.1, momentum=NAN), "momentum", "nan"),
+    (lambda o, p: o.SGD([{"params": p, "lr": NAN}], lr=0.1), "lr", "nan"),
+    (lambda o, p: o.WarmupLinear(o.SGD(p, lr=0.1), warmup_steps=INF, total_steps=10), "warmup_steps", "inf"),
+    (lambda o, p: o.WarmupCosine(o.SGD(p, lr=0.1), warmup_steps=-1, total_steps=10), "warmup_steps", "-1"),
+    (lambda o, p: o.WarmupLinear(o.SGD(p, lr=0.1), warmup_steps=0, total_steps=NAN), "total_steps", "nan"),
+    (lambda o, p: o.clip_grad_norm(p, 0.0), "max_norm", "0.0"),
+    (lambda o, p: o.clip_grad_norm(p, -1.0), "max_norm", "-1.0"),
+    (lambda o, p: o.clip_grad_norm(p, NAN, sync=False), "max_norm", "nan"),
+])
+def test_bad_hyperparameters_are_refused_by_the_library_naming_the_argument(build, argument, given):
+    from tinymlp import optim
+    params = _params()
+    params[0].grad = np.full(3, 2.0)
+    with pytest.raises(ValueError) as err:
+        build(optim, params)
+    message = str(err.value)
+    assert f"{argument}={given}" in message and "expected" in message and argument in message.split("expected")[1]
+    assert params[0].grad.tolist() == [2.0, 2.0, 2.0]          # clip_grad_norm(max_norm <= 0) flips nothing
+
+
+def test_setting_a_bad_lr_later_is_refused_too():
+    from tinymlp.optim import SGD
+    opt = SGD(_params(), lr=0.1)
+    with pytest.raises(ValueError, match="SGD: lr=nan is not a finite number"):
+        opt.lr = NAN
+    assert opt.lr == 0.1

@@ -35,9 +35,29 @@ from .fast import optim as fast_optim
 from .tensor import Tensor
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "Optimizer", "param_groups",
+    "SGD", "Adam", "AdamW", "Optimizer", "check_hyperparameter", "param_groups",
     "LRSchedule", "WarmupLinear", "WarmupCosine", "clip_grad_norm",
 ]
+
+
+def check_hyperparameter(owner, name, value, low=0.0, high=None, low_open=False, high_open=False):
+    """``value`` as a float, if it is a finite number in [low, high] (an end excluded when
+    ``low_open``/``high_open``); else a ValueError naming ``owner``, the argument, the value and
+    the range. The one check every optimizer, schedule and ``clip_grad_norm`` argument goes through."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{owner}: {name} must be a number, got {value!r}") from None
+    left = f"{low:g} {'<' if low_open else '<='} " if low is not None else ""
+    right = f" {'<' if high_open else '<='} {high:g}" if high is not None else ""
+    expected = f"expected {left}{name}{right}"
+    if not math.isfinite(number):
+        raise ValueError(f"{owner}: {name}={value!r} is not a finite number; {expected}")
+    too_low = low is not None and (number < low or (low_open and number == low))
+    too_high = high is not None and (number > high or (high_open and number == high))
+    if too_low or too_high:
+        raise ValueError(f"{owner}: {name}={value!r} is out of range; {expected}")
+    return number
 
 
 def _as_param_list(params, what="params"):
@@ -122,10 +142,19 @@ class Optimizer:
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_hyper(self, group):
-        if group["lr"] < 0:
-            raise ValueError(f"{type(self).__name__}: learning rate must be >= 0, got {group['lr']}")
-        if group.get("weight_decay", 0.0) < 0:
-            raise ValueError(f"{type(self).__name__}: weight_decay must be >= 0, got {group['weight_decay']}")
+        name = type(self).__name__
+        check_hyperparameter(name, "lr", group["lr"])
+        check_hyperparameter(name, "weight_decay", group.get("weight_decay", 0.0))
+        if "momentum" in group:
+            check_hyperparameter(name, "momentum", group["momentum"], 0.0, 1.0, high_open=True)
+        if "betas" in group:
+            betas = group["betas"]
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"{name}: betas must be a pair (beta1, beta2), got {betas!r}")
+            for i, beta in enumerate(betas):
+                check_hyperparameter(name, f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
+        if "eps" in group:
+            check_hyperparameter(name, "eps", group["eps"], 0.0, low_open=True)
 
     @property
     def lr(self) -> float:
@@ -134,6 +163,7 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value):
+        check_hyperparameter(type(self).__name__, "lr", value)
         for group in self.param_groups:
             group["lr"] = value
 
@@ -275,8 +305,7 @@ class SGD(Optimizer):
     fast_kind = "sgd"
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
-        if momentum < 0:
-            raise ValueError(f"SGD: momentum must be >= 0, got {momentum}")
+        check_hyperparameter("SGD", "momentum", momentum, 0.0, 1.0, high_open=True)
         if nesterov and momentum <= 0:
             raise ValueError("SGD: nesterov=True needs a momentum > 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
@@ -309,11 +338,8 @@ class Adam(Optimizer):
     decoupled_weight_decay = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
-        if eps < 0:
-            raise ValueError(f"{type(self).__name__}: eps must be >= 0, got {eps}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        betas = tuple(betas) if isinstance(betas, (tuple, list)) else betas   # checked with the groups
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def state_names(self, group):
         return ("exp_avg", "exp_avg_sq")
@@ -361,6 +387,10 @@ class LRSchedule:
     """
 
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0):
+        name = type(self).__name__
+        check_hyperparameter(name, "total_steps", total_steps, 0, low_open=True)
+        check_hyperparameter(name, "warmup_steps", warmup_steps, 0)
+        check_hyperparameter(name, "min_lr", min_lr, 0)
         if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
             raise ValueError(
                 f"{type(self).__name__}: need 0 <= warmup_steps <= total_steps and total_steps > 0, "
@@ -449,6 +479,7 @@ def clip_grad_norm(params, max_norm, sync=True):
     at all, when it synchronises for its metrics (the price: one multiply over the gradients
     even when nothing is clipped).
     """
+    check_hyperparameter("clip_grad_norm", "max_norm", max_norm, 0.0, low_open=True)
     grads = [p.grad for p in _as_param_list(params) if p.grad is not None]
     xp = array_module(grads[0]) if grads else np
     if not grads:
