@@ -246,8 +246,9 @@ def describe_call(fn, inputs, input_names) -> str:
         if code is not None:
             path = code.co_filename
             try:
-                path = os.path.relpath(path)
-            except ValueError:
+                relative = os.path.relpath(path)
+                path = path if relative.startswith("..") else relative
+            except ValueError:  # another drive (Windows)
                 pass
             what = "the lambda" if fn.__name__ == "<lambda>" else f"{fn.__name__}"
             notes.append(f"fn: {what} at {path}:{code.co_firstlineno}")
