@@ -540,7 +540,7 @@ def _toeplitz_back(toeplitz_backward):
 
 
 # ------------------------------------------------------------------------------ lesson 8
-@exercise("08.1", "tiny attention's parameter count")
+@exercise("08.2", "tiny attention's parameter count")
 def _tiny_params(tiny_attention_parameters):
     for d_in, d_out, a in [(32, 64, 16), (256, 768, 64), (3, 5, 2)]:
         want = d_in * 3 * a + a * d_out + d_out
@@ -550,7 +550,7 @@ def _tiny_params(tiny_attention_parameters):
                         "(the projection to q, k, v has no bias; the output projection has one)")
 
 
-@exercise("08.2", "attention weights from queries and keys")
+@exercise("08.1", "attention weights from queries and keys")
 def _attention_weights(attention_weights):
     rng = _rng(14)
     q, k = rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 4))

@@ -20,6 +20,11 @@
 # **In this lesson** we build a task that needs content-based routing, train a gMLP and an
 # aMLP on it, and look inside the attention to see the routing happen.
 #
+# **Prerequisites:** lessons 5 (attention) and 7 (gMLP and the SGU).
+#
+# **Exercises:** 08.1 (the attention weights from queries and keys, to look inside the trained
+# model), 08.2 (tiny attention's parameter count).
+#
 # **In tinymlp:** `tinymlp/nn/attention.py` (`TinyAttention`: one `Linear` to $[Q,K,V]$, the fused
 # `F.attention`, one `Linear` out), `tinymlp/models/gmlp.py` (`GMLPBlock(attn_dim=...)` feeds the
 # attention into the SGU's `gate_residual`), `tinymlp/ops/gating.py` (where the gate adds it).
@@ -34,6 +39,7 @@ import tinymlp
 from tinymlp import F, nn
 from tinymlp.models import GMLPBlock
 from tinymlp.optim import AdamW
+from checks import check   # lessons/checks.py: one check per exercise
 
 lesson_start = time.perf_counter()
 
@@ -195,7 +201,23 @@ assert final["aMLP"] - max(final["gMLP"], final["gMLP, wider"]) > 0.4
 #
 # Recompute the first block's attention weights from its parts,
 # $A = \mathrm{softmax}(QK^\top/\sqrt{d_{attn}})$ with $[Q, K, V] = \mathrm{LN}(X)\,W_{qkv}$, exactly as
-# `TinyAttention.forward` does before it multiplies by $V$:
+# `TinyAttention.forward` does before it multiplies by $V$.
+#
+# **Exercise 08.1.** Write `attention_weights(q, k)` for tinymlp tensors of shape
+# $(B, S, d)$ with tinymlp operations (`@`, `.transpose(0, 2, 1)`, `F.softmax(..., axis=-1)`).
+#
+# *Predict, then run:* most rows of $A$ will look alike. Where will a token that is *not* the
+# query put most of its weight?
+
+# %%
+def attention_weights(q, k):
+    """A = softmax(q k^T / sqrt(d)) over the keys, for q and k of shape (B, S, d)."""
+    # BEGIN SOLUTION 08.1
+    return F.softmax((q @ k.transpose(0, 2, 1)) * (1 / np.sqrt(q.shape[-1])), axis=-1)
+    # END SOLUTION
+
+
+weights_done = check("08.1", attention_weights)
 
 # %%
 amlp = models["aMLP"]
@@ -203,9 +225,12 @@ block = amlp.blocks[0]
 with tinymlp.no_grad():
     h = block.norm(amlp.embed(tinymlp.tensor(x_test)))
     q, k, v = tinymlp.split(block.attn.qkv(h), 3, axis=-1)
-    A = F.softmax((q @ k.transpose(0, 2, 1)) * (1 / np.sqrt(block.attn.attn_dim)), axis=-1).numpy()
+    A = attention_weights(q, k).numpy() if weights_done else None
 
 rows = np.arange(len(x_test))
+if A is None:
+    print("the analysis below runs once exercise 08.1 passes")
+    A = np.full((len(x_test), S, S), 1.0 / S)
 looks_at_partner = np.mean(A[rows, q_test].argmax(-1) == p_test)
 weight_on_partner = A[rows, q_test, p_test].mean()
 print(f"the query's strongest attention is on its partner in {looks_at_partner:.1%} of the test sequences")
@@ -221,7 +246,7 @@ for ax, n in zip(axes, range(3)):
 plt.tight_layout()
 plt.show()
 
-assert looks_at_partner > 0.8
+assert looks_at_partner > 0.8 or not weights_done
 
 # %% [markdown]
 # Most rows are close to the diagonal: a token's own key is the best match it can find, so it
@@ -230,7 +255,27 @@ assert looks_at_partner > 0.8
 # wherever the partner is. That is the routing a fixed $W$ cannot do:
 # the weight was *computed from the content* of the two tokens. What the query receives,
 # $A V W_o$, is then mostly the partner's value, added to the gate of the query token.
-#
+
+# %% [markdown]
+# **Exercise 08.2.** Count the parameters of one `TinyAttention(dim_in, dim_out, attn_dim)`:
+# a `Linear` to $[Q, K, V]$ without bias ($d_\text{in}\to 3d_{attn}$) and a `Linear` out with
+# bias ($d_{attn}\to d_\text{out}$).
+
+# %%
+def tiny_attention_parameters(dim_in, dim_out, attn_dim):
+    """The number of parameters of one tiny attention."""
+    # BEGIN SOLUTION 08.2
+    return dim_in * 3 * attn_dim + attn_dim * dim_out + dim_out
+    # END SOLUTION
+
+
+if check("08.2", tiny_attention_parameters):
+    attn = models["aMLP"].blocks[0].attn                  # dim 32 -> gate width 64, attn_dim 16
+    counted = sum(p.size for p in attn.parameters())
+    assert tiny_attention_parameters(32, 64, 16) == counted
+    print(f"formula {tiny_attention_parameters(32, 64, 16):,} == the aMLP block's {counted:,}")
+
+# %% [markdown]
 # **Costs.** The tiny attention adds $d\cdot 3 d_{attn} + d_{attn}\cdot e + e$ parameters per block
 # ($d$ the model width, $e$ the gate width) and $O(S^2 d_{attn})$ work, the same order as the SGU's
 # own $O(S^2 e)$. One head is enough because the SGU still does the positional mixing;
