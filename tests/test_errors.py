@@ -355,3 +355,12 @@ def test_setting_a_bad_lr_later_is_refused_too():
     with pytest.raises(ValueError, match="SGD: lr=nan is not a finite number"):
         opt.lr = NAN
     assert opt.lr == 0.1
+
+
+def test_argmax_and_flatten_refuse_an_axis_the_tensor_lacks():
+    x = tensor(np.arange(24.0).reshape(2, 3, 4))
+    with pytest.raises(AxisError, match=r"argmax: axis 3 is out of bounds .* \(shape \(2, 3, 4\)\)"):
+        x.argmax(axis=3)
+    with pytest.raises(AxisError, match="flatten: axis 3 is out of bounds"):
+        x.flatten(3)
+    assert x.flatten(1).shape == (2, 12) and x.flatten(-1).shape == (2, 3, 4) and x.argmax(axis=-1).shape == (2, 3)

@@ -310,6 +310,8 @@ class Tensor:
 
     def argmax(self, axis=None):
         """Indices of the maxima (an integer tensor outside the graph)."""
+        if axis is not None:
+            (axis,) = check_axes("argmax", axis, self.shape)
         return Tensor._from_op(self.data.argmax(axis=axis), None)
 
     def reshape(self, *shape):
@@ -333,6 +335,8 @@ class Tensor:
         return _ops.transpose(self, None)
 
     def flatten(self, start_axis=0):
+        """Merge the axes from ``start_axis`` on into one."""
+        (start_axis,) = check_axes("flatten", start_axis, self.shape) if self.ndim else (0,)
         return _ops.reshape(self, self.shape[:start_axis] + (-1,))
 
 
