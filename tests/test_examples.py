@@ -72,7 +72,7 @@ def test_script_trains_writes_its_outputs_and_resumes(tmp_path, script, extra, w
     where = ["--resume", "auto", "--out", out] if script is MIXER else ["--resume", out / "checkpoint.npz"]
     second = run(script, *SMOKE, "--epochs", "3", *where, cwd=tmp_path)
     assert_ok(second)
-    assert "resuming" in second.stdout and "1 epoch(s) done" in second.stdout
+    assert "resuming" in second.stdout and "1 epoch done" in second.stdout
     metrics2 = json.loads((out / "metrics.json").read_text())
     assert metrics2["history"]["epoch"] == [1, 2, 3] and metrics2["history"]["steps"] == [2, 4, 6]
     assert metrics2["history"]["train_loss"][0] == metrics["history"]["train_loss"][0]  # appended, not redone
