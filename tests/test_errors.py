@@ -206,10 +206,11 @@ def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
     legacy = tmp_path / ".run.npz.x7q_k2.tmp"                           # the old naming, no pid
     running = tmp_path / f".run.npz.{os.getppid()}.zz.tmp"             # a live process's save: kept
     other = tmp_path / ".other.npz.1.zz.tmp"                            # another checkpoint's: kept
-    for f in (leftover, legacy, running, other):
+    longer = tmp_path / f".run.npz.7.{dead.stdout.strip()}.zz.tmp"      # "run.npz.7"'s save: kept
+    for f in (leftover, legacy, running, other, longer):
         f.write_bytes(b"partial")
     path, _ = saved(tmp_path)
-    assert not leftover.exists() and not legacy.exists() and running.exists() and other.exists()
+    assert not leftover.exists() and not legacy.exists() and running.exists() and other.exists() and longer.exists()
     assert checkpoint.read_meta(path)["epoch"] == 1
 
 

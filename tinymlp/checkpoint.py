@@ -192,12 +192,14 @@ def _remove_stale_temporaries(folder, name):
     for entry in entries:
         if not (entry.startswith(prefix) and entry.endswith(".tmp")):
             continue
-        pid = entry[len(prefix):].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and _process_alive(int(pid)):
-            continue  # another process is saving this very checkpoint right now
-        if pid.isdigit() and int(pid) == os.getpid():
-            continue  # this process's own save in another thread
-        with contextlib.suppress(OSError):
+        parts = entry[len(prefix):-len(".tmp")].split(".")
+        if len(parts) == 2 and parts[0].isdigit():          # <pid>.<random>: this naming
+            pid = int(parts[0])
+            if pid == os.getpid() or _process_alive(pid):
+                continue  # a save still running (in this process's other thread, or elsewhere)
+        elif len(parts) != 1:
+            continue  # the temporary file of another checkpoint (e.g. "<name>.<suffix>")
+        with contextlib.suppress(OSError):  # a killed save's leftover (or one named before the pid was)
             os.unlink(os.path.join(folder, entry))
 
 
