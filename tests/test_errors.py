@@ -47,7 +47,7 @@ def test_a_reduction_naming_one_axis_twice_says_so_and_valid_axes_still_work():
     (["a", "b"], TypeError, "string"),
     ([1.0, None], TypeError, "object"),
     (np.array([1, 2], dtype=object), TypeError, "object"),
-    ([[1.0, 2.0], [3.0]], ValueError, "different lengths"),
+    ([[1.0, 2.0], [3.0]], ValueError, "ragged (rows of different lengths)"),
 ])
 def test_tensor_refuses_data_that_is_not_real_numbers_and_says_what_it_accepts(data, error, words):
     with pytest.raises(error) as err:

@@ -29,8 +29,8 @@ def _probe(data):
         raise TypeError(f"tensor(): cannot make a tensor from None; {ACCEPTED}")
     try:
         return data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
-    except ValueError as err:  # NumPy 2 refuses ragged nested lists ("inhomogeneous shape")
-        raise ValueError(f"tensor(): the nested lists have rows of different lengths ({err}); {ACCEPTED}") from None
+    except ValueError:  # NumPy 2 refuses ragged nested lists ("inhomogeneous shape")
+        raise ValueError(f"tensor(): the nested lists are ragged (rows of different lengths); {ACCEPTED}") from None
 
 
 def _check_kind(dtype, what):
