@@ -93,7 +93,11 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA",
                    help="cutmix with Beta(ALPHA, ALPHA) box sizes (0: off)")
 
-    g = p.add_argument_group("optimisation (AdamW, linear warmup then linear decay)")
+    g = p.add_argument_group("optimisation (AdamW or SGD, linear warmup then linear or cosine decay)")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                   help="AdamW with betas (0.9, 0.999), or SGD with momentum 0.9 (a resumed run keeps its own)")
+    g.add_argument("--schedule", choices=["linear", "cosine"], default="linear",
+                   help="the decay after the warmup, down to 0 (a resumed run keeps its own)")
     g.add_argument("--epochs", type=int, default=50,
                    help="total epochs of the run (with --resume: train until this many are done)")
     g.add_argument("--batch-size", type=int, default=128, help="images per training step")
@@ -129,11 +133,11 @@ def model_args(p: argparse.ArgumentParser):
 
 
 # ---------------------------------------------------------------------- the run
-def main(parser: argparse.ArgumentParser, model_spec, argv=None) -> int:
+def main(parser: argparse.ArgumentParser, model_spec, argv=None, build_model=None) -> int:
     """Parse the flags, train, write the outputs; the exit status (0 ok, 2 usage/data error)."""
     args = parser.parse_args(argv)
     try:
-        return _run(args, model_spec, explicit=_explicit_flags(parser, argv))
+        return _run(args, model_spec, explicit=_explicit_flags(parser, argv), build_model=build_model)
     except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -229,7 +233,10 @@ def _datasets(args):
 def _loaders(args, train_set, test_set):
     flip = args.flip if args.flip is not None else args.dataset != "synthetic"
     steps = [data.RandomCrop(4)] + ([data.HorizontalFlip()] if flip else [])
-    steps.append(data.Normalize(train_set.mean, train_set.std))
+    mean, std = _normalization(args, train_set)
+    steps.append(data.Normalize(mean, std))
+    if getattr(args, "image_size", None):       # finetune.py: the pretrained model's resolution
+        steps.append(data.transforms.Resize(args.image_size))
     if args.mixup:
         steps.append(data.Mixup(args.mixup, train_set.num_classes))
     if args.cutmix:
@@ -238,9 +245,48 @@ def _loaders(args, train_set, test_set):
                             transform=data.Compose(steps), device=args.device)
     if len(train) == 0:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(train_set)} training images")
-    test = data.DataLoader(test_set, 2 * args.batch_size, transform=data.Normalize(train_set.mean, train_set.std),
+    test_steps = [data.Normalize(mean, std)]
+    if getattr(args, "image_size", None):
+        test_steps.append(data.transforms.Resize(args.image_size))
+    test = data.DataLoader(test_set, 2 * args.batch_size, transform=data.Compose(test_steps),
                            device=args.device)
     return train, test
+
+
+# per-channel (mean, std) on the [0, 1] scale: "dataset" measures the training set; pretrained
+# models expect their pre-training's ("inception": [-1, 1], the JAX Mixer and ViT; "imagenet")
+NORMALIZATIONS = {"inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+                  "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def _normalization(args, train_set):
+    return NORMALIZATIONS.get(getattr(args, "normalize", None) or "dataset", (train_set.mean, train_set.std))
+
+
+# what a resumed run always takes from its checkpoint (a different value given now is refused)
+RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize")
+PIPELINE_DEFAULTS = {"optimizer": "adamw", "schedule": "linear"}   # checkpoints older than these flags
+
+
+def _keep_pipeline(args, meta, explicit, resume):
+    for name in RESUMED_PIPELINE:
+        if not hasattr(args, name):
+            continue
+        saved = meta["args"].get(name, PIPELINE_DEFAULTS.get(name))
+        flag = "--" + name.replace("_", "-")
+        if name in explicit and getattr(args, name) != saved:
+            raise UsageError(f"--resume {resume}: the run was trained with {flag} {saved}; a resumed run "
+                             f"keeps it (leave {flag} out, or give a new --out for a new run)")
+        setattr(args, name, saved)
+
+
+def _architecture(meta):
+    """(model class, kwargs) of a checkpoint: its preset's class, or (fine-tuned runs) its model class."""
+    from tinymlp import models
+
+    if meta["preset"] in models.PRESETS:
+        return preset_config(meta["preset"], **meta["model_config"])
+    return getattr(models, meta["model_class"]), dict(meta["model_config"])
 
 
 def _resume_path(args, out: Path):
@@ -279,7 +325,7 @@ def _check_resumable(resume, meta, args, explicit):
                          "architecture: leave these flags out, or give a new --out to train the new model")
 
 
-def _run(args, model_spec, explicit=frozenset()) -> int:
+def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     _check_args(args)
     backend.module_for_device(args.device)          # a clear CudaUnavailableError, before any work
     preset, overrides, weight_plot, weight_file = model_spec(args)
@@ -293,22 +339,34 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
         _check_resumable(resume, meta, args, explicit)
     if meta is not None and meta.get("dataset") != args.dataset:
         raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
+    if meta is not None:
+        _keep_pipeline(args, meta, explicit, resume)
 
     train_set, test_set = _datasets(args)
     train_loader, test_loader = _loaders(args, train_set, test_set)
 
-    if meta is None:
-        cls, kwargs = preset_config(preset, **overrides, num_classes=train_set.num_classes, seed=args.seed)
-    else:  # the architecture is the checkpoint's, whatever the model flags say now
-        cls, kwargs = preset_config(meta["preset"], **meta["model_config"])
-    model = cls(**kwargs).to(args.device)
-    opt = optim.AdamW(optim.param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
+    if meta is None and build_model is not None:   # e.g. finetune.py: a pretrained model with a new head
+        model = build_model(args, train_set.num_classes)
+        cls = type(model)
+    else:
+        if meta is None:
+            cls, kwargs = preset_config(preset, **overrides, num_classes=train_set.num_classes, seed=args.seed)
+        else:  # the architecture is the checkpoint's, whatever the model flags say now
+            cls, kwargs = _architecture(meta)
+        model = cls(**kwargs)
+    model = model.to(args.device)
+    groups = optim.param_groups(model, args.weight_decay)
+    if args.optimizer == "sgd":
+        opt = optim.SGD(groups, lr=args.lr, momentum=0.9)
+    else:
+        opt = optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999))
 
     steps_per_epoch = len(train_loader) if args.limit_batches is None else min(len(train_loader), args.limit_batches)
     total = steps_per_epoch * args.epochs
     warmup_epochs = args.warmup if args.warmup is not None else 0.05 * args.epochs
     warmup = min(total, round(warmup_epochs * steps_per_epoch))
-    sched = optim.WarmupLinear(opt, warmup_steps=warmup, total_steps=total)
+    schedule = optim.WarmupCosine if args.schedule == "cosine" else optim.WarmupLinear
+    sched = schedule(opt, warmup_steps=warmup, total_steps=total)
 
     history, start = History(), 0
     if meta is not None:
@@ -329,7 +387,8 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
 
     print(f"{_model_title(cls, meta['preset'] if meta else preset, model)}: {model.num_parameters():,} parameters | "
           f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test images | {args.device} | "
-          f"{_count(args.epochs, 'epoch')} x {steps_per_epoch} steps of {args.batch_size}, AdamW lr {args.lr:g} "
+          f"{_count(args.epochs, 'epoch')} x {steps_per_epoch} steps of {args.batch_size}, "
+          f"{type(opt).__name__} lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -340,6 +399,7 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(), rng=train_loader.rng,
                         preset=meta["preset"] if meta else preset, model_config=model.config,
+                        model_class=cls.__name__,
                         dataset=args.dataset, args=vars(args))
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="test")
@@ -352,7 +412,8 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
             loss_fn=loss_fn, start_epoch=start, history=history, val_name="test")
     else:
         print(f"{_count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
-    weight_plot(model, out / weight_file)
+    if weight_plot is not None:
+        weight_plot(model, out / weight_file)
 
     if history.val_acc and history.val_acc[-1] is not None:
         test_loss, test_acc = history.val_loss[-1], history.val_acc[-1]
@@ -362,8 +423,8 @@ def _run(args, model_spec, explicit=frozenset()) -> int:
     speed = f"{history.images_per_sec[-1]:,.0f} img/s training" if history.images_per_sec else "no training"
     limited = f" (first {args.limit_batches} batches)" if args.limit_batches else ""
     print(f"done: test accuracy {100 * test_acc:.2f}%{limited}, test loss {test_loss:.4f} | {speed} on "
-          f"{args.device} | {_count(len(history), 'epoch')} | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}, "
-          f"{weight_file})")
+          f"{args.device} | {_count(len(history), 'epoch')} | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}"
+          f"{', ' + weight_file if weight_plot is not None else ''})")
     return 0
 
 

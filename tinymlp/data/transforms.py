@@ -8,10 +8,11 @@ on the host) and copied to the device: one seed gives the same augmentation on e
 Two layers, as in ``F`` and ``nn``:
 
 - functions that do the work: ``random_crop(images, pad, rng)``, ``horizontal_flip(images,
-  rng)``, ``normalize(images, mean, std)``, ``mixup(...)``, ``cutmix(...)``, ``one_hot(...)``;
+  rng)``, ``normalize(images, mean, std)``, ``resize(images, size)``, ``mixup(...)``,
+  ``cutmix(...)``, ``one_hot(...)``;
 - transform objects that hold the parameters and share one call signature,
   ``transform(images, labels, rng) -> (images, labels)``: ``RandomCrop``, ``HorizontalFlip``,
-  ``Normalize``, ``Mixup``, ``CutMix``, chained with ``Compose``.
+  ``Normalize``, ``Resize``, ``Mixup``, ``CutMix``, chained with ``Compose``.
 
 Images are float (B, C, H, W) (the DataLoader hands over float32 in [0, 1]); crop and flip
 also accept uint8. The CIFAR recipe is ``Compose([RandomCrop(4), HorizontalFlip(),
@@ -27,8 +28,8 @@ import numpy as np
 from ..backend import array_module
 
 __all__ = [
-    "CutMix", "Compose", "HorizontalFlip", "Mixup", "Normalize", "RandomCrop",
-    "cutmix", "horizontal_flip", "mixup", "normalize", "one_hot", "random_crop",
+    "CutMix", "Compose", "HorizontalFlip", "Mixup", "Normalize", "RandomCrop", "Resize",
+    "cutmix", "horizontal_flip", "mixup", "normalize", "one_hot", "random_crop", "resize",
 ]
 
 
@@ -70,6 +71,42 @@ def normalize(images, mean, std):
     out = images - mean
     out *= inv_std
     return out
+
+
+def _bilinear_weights(n_in, n_out):
+    """(n_out, n_in) matrix R such that R @ v resamples v bilinearly to n_out points.
+
+    Half-pixel centres: output sample o sits at input coordinate (o + 1/2) n_in / n_out - 1/2,
+    clamped to [0, n_in - 1], and takes (1 - t) v[i] + t v[i + 1] from its two neighbours
+    (i its floor, t the fraction). The same grid as PyTorch's ``interpolate(mode="bilinear",
+    align_corners=False)`` without antialiasing.
+    """
+    src = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
+    src = np.clip(src, 0, n_in - 1)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, n_in - 1)
+    t = src - lo
+    weights = np.zeros((n_out, n_in))
+    np.add.at(weights, (np.arange(n_out), lo), 1 - t)
+    np.add.at(weights, (np.arange(n_out), hi), t)
+    return weights
+
+
+def resize(images, size):
+    """Bilinear resize of float images (..., H, W) to ``size`` (an int or (h, w)), on their device.
+
+    Bilinear interpolation is separable, a weighted average along rows then along columns, so
+    it is two matrix products with small interpolation matrices: out = R_h @ images @ R_w^T,
+    R_h (h, H) and R_w (w, W) (see ``_bilinear_weights``), batched over the leading axes.
+    """
+    h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    H, W = images.shape[-2:]
+    if (h, w) == (H, W):
+        return images
+    xp = array_module(images)
+    rows = xp.asarray(_bilinear_weights(H, h), dtype=images.dtype)     # (h, H)
+    cols = xp.asarray(_bilinear_weights(W, w).T, dtype=images.dtype)   # (W, w)
+    return xp.matmul(xp.matmul(rows, images), cols)                   # (..., h, w)
 
 
 def one_hot(labels, num_classes, dtype=np.float32):
@@ -166,6 +203,19 @@ class Normalize:
 
     def __repr__(self):
         return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+class Resize:
+    """Bilinear resize to ``size`` (e.g. CIFAR's 32 x 32 up to a pretrained model's 224 x 224)."""
+
+    def __init__(self, size):
+        self.size = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+
+    def __call__(self, images, labels, rng):
+        return resize(images, self.size), labels
+
+    def __repr__(self):
+        return f"Resize(size={self.size})"
 
 
 class Mixup:

@@ -1,0 +1,171 @@
+"""Fine-tune a pretrained MLP-Mixer, gMLP or ViT (timm or official JAX weights) on CIFAR.
+
+    python examples/finetune.py --pretrained mixer_b16_224.safetensors --device cuda            # CIFAR-10
+    python examples/finetune.py --pretrained Mixer-B_16.npz --dataset cifar100 --device cuda    # official .npz
+    python examples/finetune.py --pretrained vit_base_patch16_224.safetensors --heads 12 --image-size 384
+    python examples/finetune.py --resume auto --out runs/finetune_mixer_b16_224                  # continue
+
+The pretrained weights come from a .safetensors or .npz file in timm's layout (names such as
+stem.proj.weight) or in the official google-research/vision_transformer layout (names such as
+MixerBlock_0/token_mixing/Dense_0/kernel); the architecture and its sizes are read from the
+file (a ViT from timm also needs --heads, or its timm name in the file name). A pickled .pth or
+.bin is refused with the one-line command that converts it to .safetensors.
+
+What the script does to the pretrained model:
+
+- the head is replaced by a zero-initialised one for the dataset's class count (every class
+  starts at logit 0), as the papers' fine-tuning does;
+- the 32 x 32 CIFAR images are resized bilinearly on the device to --image-size (after the
+  crop and flip augmentation), and normalised the way the model was pre-trained (--normalize);
+- a ViT at another resolution gets its position embedding resampled to the new patch grid.
+  MLP-Mixer's token-mixing and gMLP's spatial weights have one entry per token position, so
+  those models fine-tune at their pretraining resolution (usually 224).
+
+The recipe (defaults) is the papers' fine-tuning one (MLP-Mixer and ViT papers; the official
+vision_transformer configs): SGD with momentum 0.9, no weight decay, gradient clipping at global
+norm 1, a short linear warmup, then cosine decay. Their runs are 10,000 steps of batch 512
+(about 100 CIFAR epochs) at lr 0.03 (swept over 0.001-0.03); the defaults here are a shorter
+run at batch 128 and lr 0.01. Everything else (flags, outputs, checkpoints, --resume) is
+shared with the CIFAR training scripts: see examples/_common.py.
+"""
+
+import sys
+from pathlib import Path
+
+from _common import UsageError, main, make_parser
+
+from tinymlp import checkpoint, interop, models
+
+
+def build_parser():
+    parser = make_parser(__doc__.splitlines()[0])
+    g = parser.add_argument_group("pretrained model")
+    g.add_argument("--pretrained", metavar="PATH", default=None,
+                   help="weights to start from: .safetensors or .npz, timm or official JAX layout "
+                        "(needed for a new run; a resumed run reads everything from its checkpoint)")
+    g.add_argument("--heads", type=int, default=None,
+                   help="attention heads of a ViT in timm's layout (not stored in its weights)")
+    g.add_argument("--image-size", type=int, default=None, metavar="PIXELS",
+                   help="fine-tuning resolution; images are resized to it on the device (default: the "
+                        "pretrained model's). Mixer and gMLP fine-tune at their pretraining resolution "
+                        "(their token-mixing / spatial weights are tied to the token count); a ViT may "
+                        "change it (its position embedding is interpolated)")
+    g.add_argument("--normalize", choices=["auto", "dataset", "inception", "imagenet"], default="auto",
+                   help="input normalisation: 'inception' maps pixels to [-1, 1] (the JAX Mixer and ViT, "
+                        "timm's mixer_* and vit_* weights), 'imagenet' uses ImageNet's mean and std (timm's "
+                        "gmlp_*), 'dataset' the CIFAR statistics; auto picks by the weights' source")
+    parser.set_defaults(optimizer="sgd", schedule="cosine", lr=0.01, weight_decay=0.0, epochs=10)
+    parser.description = (__doc__.splitlines()[0] + " Mixer and gMLP fine-tune at their pretraining "
+                          "resolution; a ViT may change it.")
+    for action in parser._actions:
+        if action.dest == "weight_decay":
+            action.help = "weight decay (AdamW: decoupled; SGD: an L2 term); biases and norms are exempt"
+    return parser
+
+
+class Pretrained:
+    """Reads the pretrained file once (in ``spec``, before the data), builds the model later."""
+
+    def __init__(self):
+        self.model = None
+
+    def spec(self, args):
+        """The run's name, weight plot and input pipeline, from the pretrained file (or the checkpoint)."""
+        if args.pretrained is None:
+            if args.resume is None:
+                raise UsageError("--pretrained PATH is needed for a new run (or --resume a fine-tuning run)")
+            return "finetune", {}, _plot_for(_resumed_class(args)), "weights.png"
+        path = Path(args.pretrained)
+        if not path.is_file():
+            raise UsageError(f"--pretrained {path}: no such file")
+        try:
+            source = interop.weights_source(path)
+            self.model = interop.load_pretrained(path, heads=args.heads) if args.resume is None or not \
+                _resumable(args) else None
+        except (interop.InteropError, ImportError) as err:
+            raise UsageError(f"--pretrained {path}: {str(err).removeprefix(f'{path}: ')}") from None
+        if self.model is not None:
+            size = self.model.config["image_size"]
+            if args.image_size is None:
+                args.image_size = size if isinstance(size, int) else size[0]
+            if args.image_size != size and not isinstance(self.model, models.ViT):
+                raise UsageError(
+                    f"--image-size {args.image_size}: {type(self.model).__name__} was pre-trained at {size} and "
+                    "its token-mixing / spatial weights are tied to that token count: fine-tune it at "
+                    f"--image-size {size}")
+            if args.normalize == "auto":
+                args.normalize = _normalization_of(source, self.model)
+            cls = type(self.model)
+        else:
+            cls = _resumed_class(args)
+        return f"finetune_{path.stem}", {}, _plot_for(cls), "weights.png"
+
+    def build(self, args, num_classes):
+        model = self.model
+        if model is None:
+            raise UsageError("--pretrained PATH is needed for a new run")
+        old = model.config["num_classes"]
+        if num_classes != old:
+            interop.replace_head(model, num_classes)
+        model = interop.change_image_size(model, args.image_size)
+        print(f"pretrained: {args.pretrained} ({type(model).__name__}, {model.config['image_size']} px, "
+              f"{'new zero head for ' + str(num_classes) if num_classes != old else 'its own head for ' + str(old)}"
+              f" classes, normalize {args.normalize})")
+        return model
+
+
+def _normalization_of(source, model):
+    if source == "tinymlp":
+        return "dataset"       # a tinymlp model trained on CIFAR, written with save_timm
+    if source == "timm" and isinstance(model, models.GMLP):
+        return "imagenet"      # timm's gmlp_* were trained with ImageNet's mean and std
+    return "inception"         # the JAX Mixer and ViT (and timm's copies of them): [-1, 1]
+
+
+def _resume_file(args):
+    if args.resume is None:
+        return None
+    if args.resume == "auto":   # the folder _common.py resumes from
+        out = args.out or (Path("runs") / f"finetune_{Path(args.pretrained).stem}" if args.pretrained else None)
+        path = Path(out) / "checkpoint.npz" if out else None
+    else:
+        path = Path(args.resume)
+    return path if path is not None and path.is_file() else None
+
+
+def _resumable(args):
+    return _resume_file(args) is not None
+
+
+def _resumed_class(args):
+    path = _resume_file(args)
+    if path is None:
+        return None
+    try:
+        name = checkpoint.read_meta(path).get("model_class")
+    except Exception:
+        return None              # the shared code reports an unreadable checkpoint
+    return getattr(models, name, None) if name else None
+
+
+def _plot_for(cls):
+    """The weight plot of a model class (None for ViT, which has no mixing weights to show)."""
+    from tinymlp.plot import spatial_weights, token_mixing_weights
+
+    if cls is None:
+        def plot(model, path):
+            if isinstance(model, models.MLPMixer):
+                token_mixing_weights(model, path)
+            elif isinstance(model, models.GMLP):
+                spatial_weights(model, path)
+        return plot
+    if issubclass(cls, models.MLPMixer):
+        return token_mixing_weights
+    if issubclass(cls, models.GMLP):
+        return spatial_weights
+    return None
+
+
+if __name__ == "__main__":
+    pretrained = Pretrained()
+    sys.exit(main(build_parser(), pretrained.spec, build_model=pretrained.build))
