@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tinymlp.data import (
-    SST2, TEXT_ARCHIVES, DatasetError, OrderTask, PairMatchTask, SentencePolarity, TokenLoader,
+    SST2, TEXT_ARCHIVES, DatasetError, MaskedLMLoader, OrderTask, PairMatchTask, SentencePolarity, TokenLoader,
     get_text_dataset,
 )
 from tinymlp.text import Tokenizer
@@ -148,3 +148,19 @@ def test_token_loader_batches_the_encoded_set():
     assert len(loader) == len(batches) == 3 and batches[-1][0].shape == (2, 8)
     seen = np.concatenate([ids.numpy() for ids, _ in batches])
     assert sorted(map(tuple, seen)) == sorted(map(tuple, tokens.ids))
+
+
+def test_masked_lm_loader_hides_real_tokens_and_returns_them_in_order():
+    ds = OrderTask(40, seq_words=6)
+    tok = Tokenizer.train(ds.corpus(), vocab_size=100)
+    tokens = ds.encode(tok, max_len=10)
+    loader = MaskedLMLoader(tokens, 8, mask_prob=0.3, rng=0, fixed=True)
+    first = [(x.numpy(), y.numpy()) for x, y in loader]
+    for (masked, targets), b in zip(first, range(len(loader))):
+        original = tokens.ids[b * 8:(b + 1) * 8]
+        hidden = masked == tok.mask_id
+        assert hidden.any() and (original[hidden] >= 5).all()          # never [PAD], [CLS] or [SEP]
+        np.testing.assert_array_equal(targets, original[hidden])
+        np.testing.assert_array_equal(masked[~hidden], original[~hidden])
+    again = [(x.numpy(), y.numpy()) for x, y in loader]                  # fixed: the same masks
+    assert all((a[0] == b[0]).all() for a, b in zip(first, again))

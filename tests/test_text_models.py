@@ -78,6 +78,15 @@ def test_causal_lm_looks_only_left():
     assert not np.allclose(a[0, 4:], b[0, 4:])
 
 
+def test_language_model_forward_gives_the_rows_its_loss_needs():
+    masked = TextGMLP(**TINY, num_classes=0, lm_head=True, seed=6)
+    ids = np.array([[2, 4, 6, 3, 4, 3], [2, 8, 4, 0, 0, 0]])             # three [MASK] (id 4)
+    full = masked.token_logits(ids).numpy().reshape(-1, 12)
+    np.testing.assert_allclose(masked(ids).numpy(), full[[1, 4, 8]], rtol=1e-6)
+    causal = TextGMLP(**TINY, num_classes=0, lm_head=True, causal=True, seed=6)
+    assert causal(ids).shape == (12, 12)
+
+
 def test_wrong_length_is_refused():
     model = TextGMLP(**TINY, num_classes=2)
     with pytest.raises(ValueError, match="seq_len=6"):

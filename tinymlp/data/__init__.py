@@ -19,7 +19,7 @@ from .cifar import (
 from .loader import DataLoader, ImageDataset, channel_stats
 from .synthetic import SyntheticImages
 from .text import (
-    TEXT_ARCHIVES, OrderTask, PairMatchTask, SentencePolarity, SST2, TextArchive, TextDataset,
+    TEXT_ARCHIVES, MaskedLMLoader, OrderTask, PairMatchTask, SentencePolarity, SST2, TextArchive, TextDataset,
     TokenDataset, TokenLoader, get_text_dataset,
 )
 from .transforms import (
@@ -50,6 +50,6 @@ __all__ = [
     "HorizontalFlip", "ImageDataset", "Mixup", "Normalize", "RandomCrop", "SyntheticImages",
     "channel_stats", "cutmix", "data_root", "get_dataset", "horizontal_flip", "mixup",
     "normalize", "one_hot", "random_crop",
-    "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive", "TextDataset",
+    "MaskedLMLoader", "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive", "TextDataset",
     "TokenDataset", "TokenLoader", "get_text_dataset",
 ]

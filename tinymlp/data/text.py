@@ -57,7 +57,7 @@ from ..tensor import Tensor
 from .cifar import DatasetError, _md5, data_root
 
 __all__ = [
-    "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
+    "MaskedLMLoader", "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
     "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
 ]
 
@@ -148,6 +148,36 @@ class TokenLoader:
             index = order[b * self.batch_size:(b + 1) * self.batch_size]
             yield (Tensor(to_device(self.dataset.ids[index], self.device)),
                    Tensor(to_device(self.dataset.labels[index], self.device)))
+
+
+class MaskedLMLoader(TokenLoader):
+    """Batches ``(masked ids, targets)`` for masked-LM training on a TokenDataset (labels unused).
+
+    Each real, non-special token is hidden behind [MASK] with probability ``mask_prob`` (15% as
+    in BERT; at least one per batch); ``targets`` are the hidden ids in row-major order, the
+    order in which ``TextGMLP`` returns the [MASK] rows' logits. (BERT also leaves 10% of the
+    chosen tokens as they are and swaps 10% for random ones; here every chosen token is masked.)
+    ``fixed=True`` draws the same masks every epoch (a validation set).
+    """
+
+    def __init__(self, dataset, batch_size, mask_prob=0.15, mask_id=4, first_normal_id=5, fixed=False, **kwargs):
+        super().__init__(dataset, batch_size, **kwargs)
+        self.mask_prob, self.mask_id, self.first_normal_id, self.fixed = mask_prob, mask_id, first_normal_id, fixed
+        self._seed = int(self.rng.integers(2**31))
+
+    def __iter__(self):
+        n = len(self.dataset)
+        order = self.rng.permutation(n) if self.shuffle else np.arange(n)
+        draw = np.random.default_rng(self._seed) if self.fixed else self.rng
+        for b in range(len(self)):
+            ids = self.dataset.ids[order[b * self.batch_size:(b + 1) * self.batch_size]].copy()
+            candidates = ids >= self.first_normal_id
+            hide = candidates & (draw.random(ids.shape) < self.mask_prob)
+            if not hide.any() and candidates.any():
+                hide.flat[draw.choice(np.flatnonzero(candidates))] = True
+            targets = ids[hide]                          # row-major, as np.flatnonzero orders them
+            ids[hide] = self.mask_id
+            yield Tensor(to_device(ids, self.device)), Tensor(to_device(targets, self.device))
 
 
 # --------------------------------------------------------------------------- generated tasks

@@ -46,7 +46,7 @@ from .vit import sinusoidal_embedding
 __all__ = ["TEXT_PRESETS", "TEXT_PAPER_PARAMETERS", "TextGMLP", "text_config", "text_create",
            "text_num_parameters"]
 
-PAD_ID, SEP_ID = 0, 3          # tinymlp.text's ids of [PAD] and [SEP]
+PAD_ID, SEP_ID, MASK_ID = 0, 3, 4      # tinymlp.text's ids of [PAD], [SEP] and [MASK]
 
 
 def _ids_array(ids):
@@ -112,8 +112,16 @@ class TextGMLP(Module):
         return self.norm(x), mask
 
     def forward(self, ids, segments=None):
+        """Class logits (B, num_classes). A language model (``num_classes=0``, ``lm_head``) gives
+        the vocabulary logits its loss needs, rows in row-major order: masked LM, those of the
+        [MASK] positions (P, V); causal LM, every position (B * S, V), to predict the next id."""
         if self.head is None:
-            raise RuntimeError("TextGMLP: built with num_classes=0 (a language model): call token_logits(ids)")
+            if self.lm_head is None:
+                raise RuntimeError("TextGMLP: built with neither num_classes nor lm_head")
+            if self.config["causal"]:
+                return reshape(self.token_logits(ids, segments), (-1, self.embed.num_embeddings))
+            ids = _ids_array(ids)
+            return self.token_logits(ids, segments, positions=array_module(ids).flatnonzero(ids == MASK_ID))
         h, mask = self.features(ids, segments)
         if self.pooling == "cls":
             pooled = h[:, 0]                                                     # the [CLS] token

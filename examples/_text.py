@@ -1,0 +1,209 @@
+"""What pretrain_mlm.py and train_text_gmlp.py share: the CIFAR examples' command line and run
+(``_common.py``: flags, checks, checkpoints, metrics, curves, resume), with text in place of images.
+
+A text run writes, beside ``checkpoint.npz``/``metrics.json``/``curves.png``, the tokenizer it
+was trained with: ``tokenizer.json`` (plain JSON, ``tinymlp.text.Tokenizer.load``). A resumed
+run reads it back, and fine-tuning from a pretrained checkpoint uses the one in its folder, so
+ids always mean the same pieces.
+
+Text recipe (defaults; the course work's fine-tuning recipe, section 3.3: AdamW (0.9, 0.999),
+linear decay, batch 32, sequences of 128 tokens; its lr 2e-5 is for a pretrained model, from
+scratch a small gMLP wants about 1e-3).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from _common import (
+    CHECKPOINT, CURVES, METRICS, RESUMED_OPTIMISATION, UsageError, _check_args, _check_resumable,
+    _check_writable, _explicit_flags, _loss, _resume_path, _write_metrics, make_parser, model_args,
+)
+
+from tinymlp import CudaUnavailableError, backend, checkpoint, optim, plot
+from tinymlp.checkpoint import CheckpointError
+from tinymlp.data import DatasetError
+from tinymlp.models.text import text_config
+from tinymlp.text import Tokenizer
+from tinymlp.train import History, evaluate, fit, format_epoch
+
+TOKENIZER = "tokenizer.json"
+IMAGE_ONLY = ("flip", "mixup", "cutmix")
+
+
+def text_parser(description, datasets, default_dataset, **defaults):
+    """_common's parser, its data flags reworded for text, plus the text model's flags."""
+    p = make_parser(description)
+    for action in p._actions:
+        if action.dest == "dataset":
+            action.choices, action.default = datasets, default_dataset
+            action.help = "'synthetic' is generated text (no download)"
+        elif action.dest == "data_dir":
+            action.help = ("folder holding (or receiving) the text archives; default: $TINYMLP_DATA, else "
+                           "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp")
+        elif action.dest == "download_url":
+            action.help = "fetch the archive from this URL (a mirror) instead of the official one"
+        elif action.dest == "synthetic_size":
+            action.help = "training examples of --dataset synthetic (the test set has N/5)"
+        elif action.dest == "batch_size":
+            action.help = "sequences per training step"
+        elif action.dest in IMAGE_ONLY:
+            action.help = "(images only: refused for text)"
+    p.set_defaults(**{"batch_size": 32, "epochs": 10, **defaults})
+    g = model_args(p)
+    g.title = "model (defaults: the small gMLP of the text presets, models/text.py)"
+    g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence, [CLS] and [SEP] included")
+    g.add_argument("--vocab-size", dest="max_vocab", type=int, default=8000,
+                   help="at most this many pieces in the tokenizer trained on the data")
+    g.add_argument("--dim", type=int, default=None, help="d_model (preset: 128)")
+    g.add_argument("--depth", type=int, default=None, help="blocks (preset: 6)")
+    g.add_argument("--ffn-dim", type=int, default=None, help="d_ffn (preset: 768)")
+    g.add_argument("--attn-dim", type=int, default=0, help="width of aMLP's tiny attention (64 in the paper); 0: gMLP")
+    g.add_argument("--sgu-variant", choices=["split", "linear", "additive", "multiplicative"], default="split",
+                   help="the spatial gating unit's form (course work Table 6)")
+    g.add_argument("--toeplitz", choices=["none", "1d"], default="none",
+                   help="dense spatial weights, or Toeplitz over the token index (Table 8's tMLP)")
+    g.add_argument("--position", choices=["none", "learned", "sinusoidal"], default="none",
+                   help="a position embedding (gMLP needs none: W sees positions)")
+    return p
+
+
+def model_overrides(args):
+    """The preset name and the keyword arguments the model flags ask for."""
+    if args.attn_dim < 0:
+        raise UsageError("--attn-dim must be 0 (gMLP) or positive (aMLP)")
+    if args.seq_len < 4 or args.max_vocab < 16:
+        raise UsageError("--seq-len must be at least 4 and --vocab-size at least 16")
+    preset = {"split": "gmlp_text_split"}.get(args.sgu_variant, f"gmlp_text_{args.sgu_variant}")
+    overrides = {k: getattr(args, k) for k in ("dim", "depth", "ffn_dim") if getattr(args, k) is not None}
+    overrides.update(seq_len=args.seq_len, attn_dim=args.attn_dim or None,
+                     toeplitz=None if args.toeplitz == "none" else args.toeplitz,
+                     position=None if args.position == "none" else args.position)
+    return preset, overrides
+
+
+def run(parser, prepare, argv=None) -> int:
+    """Parse, run ``_train(args, prepare)``; errors as one line and exit status 2 (as _common.main)."""
+    args = parser.parse_args(argv)
+    try:
+        return _train(args, prepare, _explicit_flags(parser, argv))
+    except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; continue later with --resume auto (the last finished epoch is saved)", file=sys.stderr)
+        return 130
+
+
+def tokenizer_for(out, corpus, vocab_size, resumed, pretrained=None):
+    """The run's tokenizer: read back when resuming (or from a pretrained run's folder), else trained."""
+    source = out if resumed else (Path(pretrained).parent if pretrained else None)
+    if source is not None:
+        path = Path(source) / TOKENIZER
+        if not path.is_file():
+            raise UsageError(f"{path} is missing: the run's ids cannot be read without the tokenizer it was trained with")
+        return Tokenizer.load(path)
+    return Tokenizer.train(corpus(), vocab_size=vocab_size)
+
+
+def _train(args, prepare, explicit):
+    """``prepare(args, out, meta) -> dict`` gives: train/test loaders, tokenizer, preset, model kwargs,
+    a description of the data, and optionally ``init`` (a function run on a new model) and ``loss_fn``."""
+    _check_args(args)
+    for name in IMAGE_ONLY:
+        if name in explicit:
+            raise UsageError(f"--{name} is for images; a text run has no such augmentation")
+    for name, only in (("optimizer", "adamw"), ("schedule", "linear")):   # flags _common may offer
+        if getattr(args, name, only) != only:
+            raise UsageError(f"--{name} {getattr(args, name)}: the text examples train with AdamW and linear decay")
+    backend.module_for_device(args.device)
+    preset, overrides = model_overrides(args)
+    out = Path(args.out or Path("runs") / parser_name(args, preset, overrides))
+    resume = _resume_path(args, out)
+    if resume is not None and args.out is None:
+        out = resume.parent
+    _check_writable(out)
+    meta = checkpoint.read_meta(resume) if resume else None
+    if meta is not None:
+        _check_resumable(resume, meta, args, explicit)
+        if meta.get("dataset") != args.dataset:
+            raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
+    job = prepare(args, out, meta, preset, overrides)
+    train_loader, test_loader, tok = job["train"], job["test"], job["tokenizer"]
+    if len(train_loader) == 0:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the training set")
+
+    if meta is None:
+        cls, kwargs = text_config(job["preset"], **job["overrides"])
+    else:
+        cls, kwargs = text_config(meta["preset"], **meta["model_config"])
+    model = cls(**kwargs)
+    if meta is None and job.get("init"):
+        job["init"](model)
+    model.to(args.device)
+    opt = optim.AdamW(optim.param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
+    steps = len(train_loader) if args.limit_batches is None else min(len(train_loader), args.limit_batches)
+    total = steps * args.epochs
+    warmup = min(total, round((args.warmup if args.warmup is not None else 0.05 * args.epochs) * steps))
+    sched = optim.WarmupLinear(opt, warmup_steps=warmup, total_steps=total)
+
+    history, start = History(), 0
+    if meta is not None:
+        checkpoint.load(resume, model, opt, sched)
+        history, start = History.from_dict(meta["history"]), int(meta["epoch"])
+        for name in RESUMED_OPTIMISATION:
+            if name not in explicit:
+                setattr(args, name, meta["args"][name])
+        sched.base_lrs = [args.lr] * len(opt.param_groups)
+        for group in opt.param_groups:
+            if group["weight_decay"]:
+                group["weight_decay"] = args.weight_decay
+        train_loader.rng.bit_generator.state = meta["rng"].bit_generator.state
+        if (sched.total_steps, sched.warmup_steps) != (total, warmup):
+            sched.load_state_dict({**sched.state_dict(), "total_steps": max(total, sched.step_count),
+                                   "warmup_steps": min(warmup, total)})
+        print(f"resuming {resume}: {start} epoch(s) done, training until epoch {args.epochs}")
+
+    name = meta["preset"] if meta else job["preset"]
+    print(f"{cls.__name__} ({name}{', aMLP' if kwargs.get('attn_dim') else ''}): {model.num_parameters():,} "
+          f"parameters | {job['describe']} | {len(tok):,} pieces, {kwargs['seq_len']} tokens | {args.device} | "
+          f"{args.epochs} epochs x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} wd {args.weight_decay:g}, "
+          f"warmup {warmup} steps, clip {args.clip:g}")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / TOKENIZER).is_file():
+        tok.save(out / TOKENIZER)
+    show = False if args.no_progress else None
+    bars = show is None and sys.stderr.isatty()
+    loss_fn = job.get("loss_fn") or _loss(args.label_smoothing)
+    report = job.get("report", lambda hist: format_epoch(hist, args.epochs, val_name="test"))
+
+    def save_run(epoch, hist):
+        checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
+                        rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
+                        args=vars(args))
+        _write_metrics(out, args, model, hist)
+        plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}")
+        if not bars:
+            print(report(hist), flush=True)
+
+    if start < args.epochs:
+        fit(model, opt, train_loader, test_loader, epochs=args.epochs, scheduler=sched, clip=args.clip or None,
+            callbacks=[save_run], progress=show, limit_batches=args.limit_batches, loss_fn=loss_fn,
+            start_epoch=start, history=history)
+    else:
+        print(f"{start} epoch(s) already done: pass --epochs larger than {start} to train further")
+    if history.val_acc and history.val_acc[-1] is not None:
+        test_loss, test_acc = history.val_loss[-1], history.val_acc[-1]
+    else:
+        test_loss, test_acc = evaluate(model, test_loader, args.limit_batches, loss_fn)
+    _write_metrics(out, args, model, history)
+    print(job["done"](test_loss, test_acc) + f" | {len(history)} epochs | outputs in {out}/ ({CHECKPOINT}, "
+          f"{METRICS}, {CURVES}, {TOKENIZER})")
+    return 0
+
+
+def parser_name(args, preset, overrides):
+    extra = [f"{k}{v}" for k, v in sorted(overrides.items()) if v is not None and k not in ("seq_len",)]
+    return "_".join([preset.replace("gmlp", "amlp") if overrides.get("attn_dim") else preset, args.dataset]
+                    + [e for e in extra if not e.startswith("attn_dim")])

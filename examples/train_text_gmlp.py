@@ -1,0 +1,97 @@
+"""Train a gMLP (or aMLP, with --attn-dim 64) sentence classifier on text.
+
+    python examples/train_text_gmlp.py --dataset polarity               # Pang & Lee, 10,662 sentences
+    python examples/train_text_gmlp.py --dataset sst2 --attn-dim 64     # aMLP on SST-2 (GLUE)
+    python examples/train_text_gmlp.py --dataset synthetic --synthetic-task pairs --attn-dim 16
+    python examples/train_text_gmlp.py --dataset polarity --pretrained runs/mlm/checkpoint.npz
+
+The model is the "gmlp_text_split" preset (C = 128, 6 blocks, d_ffn = 768, S = 128 tokens, mean
+pooling over the real tokens; models/text.py); a WordPiece tokenizer is trained on the training
+sentences (--vocab-size pieces) and saved as tokenizer.json beside the checkpoint.
+``--pretrained`` starts from a masked-LM checkpoint of examples/pretrain_mlm.py: its architecture,
+its tokenizer and its weights; the classification head is new. Outputs and resume as the CIFAR
+examples (examples/_common.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
+The polarity data has no official test split: 10% of each class, chosen by a fixed seed, is held out.
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+from _text import UsageError, run, text_parser, tokenizer_for
+
+from tinymlp import checkpoint, data
+from tinymlp.checkpoint import CheckpointError
+
+
+def build_parser():
+    p = text_parser(__doc__.splitlines()[0], ["polarity", "sst2", "synthetic"], "polarity",
+                    synthetic_size=2000, lr=1e-3)
+    g = [g for g in p._action_groups if g.title.startswith("model")][0]
+    g.add_argument("--pooling", choices=["mean", "cls"], default="mean",
+                   help="sentence vector: the mean over the real tokens, or the [CLS] token")
+    g.add_argument("--pretrained", default=None, metavar="CKPT",
+                   help="start from this masked-LM checkpoint (examples/pretrain_mlm.py) and its tokenizer.json")
+    g.add_argument("--synthetic-task", choices=["order", "pairs"], default="order",
+                   help="--dataset synthetic: which marker comes first (order), or do two sentences share a word (pairs)")
+    return p
+
+
+def datasets(args):
+    if args.dataset == "synthetic":
+        make = data.OrderTask if args.synthetic_task == "order" else data.PairMatchTask
+        n = args.synthetic_size
+        return make(n, seed=args.seed, train=True), make(max(10, n // 5), seed=args.seed, train=False)
+    if args.download_url:
+        data.TEXT_ARCHIVES[args.dataset] = dataclasses.replace(data.TEXT_ARCHIVES[args.dataset],
+                                                               urls=(args.download_url,))
+    kwargs = dict(root=args.data_dir, download=not args.no_download, progress=not args.no_progress)
+    return (data.get_text_dataset(args.dataset, train=True, **kwargs),
+            data.get_text_dataset(args.dataset, train=False, **kwargs))
+
+
+def load_pretrained(path):
+    """(meta, model state) of a masked-LM checkpoint, read without pickle."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--pretrained {path}: no such file")
+    meta = checkpoint.read_meta(path)
+    if "model_config" not in meta or not meta["model_config"].get("lm_head"):
+        raise UsageError(f"--pretrained {path}: not a masked-LM checkpoint of examples/pretrain_mlm.py")
+    with np.load(path, allow_pickle=False) as npz:
+        state = {k[len("model/"):]: npz[k] for k in npz.files if k.startswith("model/")}
+    return meta, state
+
+
+def prepare(args, out, meta, preset, overrides):
+    train_set, test_set = datasets(args)
+    pretrained = None
+    if args.pretrained and meta is None:
+        pretrained = load_pretrained(args.pretrained)
+        base = pretrained[0]["model_config"]
+        preset, overrides = pretrained[0]["preset"], {**base, "lm_head": False, "causal": False}
+    tok = tokenizer_for(out, train_set.corpus, args.max_vocab, resumed=meta is not None,
+                        pretrained=args.pretrained if pretrained else None)
+    seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]
+    train = data.TokenLoader(train_set.encode(tok, seq_len), args.batch_size, shuffle=True, drop_last=True,
+                             rng=args.seed, device=args.device)
+    test = data.TokenLoader(test_set.encode(tok, seq_len), 2 * args.batch_size, device=args.device)
+    overrides = {**overrides, "vocab_size": len(tok), "num_classes": train_set.num_classes,
+                 "pooling": args.pooling, "seed": args.seed}
+
+    def init(model):
+        if pretrained is not None:
+            result = model.load_state_dict(pretrained[1], strict=False)     # shapes must fit
+            if sorted(result.missing_keys) != ["head.bias", "head.weight"]:
+                raise CheckpointError(f"--pretrained {args.pretrained}: it lacks {result.missing_keys}")
+            print(f"pretrained weights from {args.pretrained} (new: the classification head)")
+
+    kind = "sentence pairs" if train_set.pairs is not None else "sentences"
+    return dict(train=train, test=test, tokenizer=tok, preset=preset, overrides=overrides, init=init,
+                describe=f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test {kind}",
+                done=lambda loss, acc: f"done: test accuracy {100 * acc:.2f}%, test loss {loss:.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(run(build_parser(), prepare))
