@@ -303,8 +303,8 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
         if optimizer is not None and saved_optim is not None and saved_optim != type(optimizer).__name__:
             raise CheckpointError(
                 f"{path}: the optimizer state was saved from {saved_optim}, not {type(optimizer).__name__}: "
-                f"its moments and hyper-parameters (lr, weight decay, betas) belong to {saved_optim}; build a "
-                f"{saved_optim} to resume, or load the model alone (optimizer=None) to start a new optimizer"
+                f"its moments and hyper-parameters (lr, weight decay, betas) belong to {saved_optim}; resume with a "
+                f"{saved_optim} optimizer, or load the model alone (optimizer=None) to start a new optimizer"
             )
         state = {k[len("model/"):]: npz[k] for k in npz.files if k.startswith("model/")}
         optim_state = sched_state = None
