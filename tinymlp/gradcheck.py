@@ -115,7 +115,7 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
         raise ValueError(f"gradcheck: mode must be 'auto', 'full' or 'sampled', got {mode!r}")
     asked = dict(wrt=(wrt, None), exclude=(exclude, None), mode=(mode, "auto"), dtype=(dtype, "float64"),
                  eps=(eps, None), rtol=(rtol, None), atol=(atol, None),
-                 upstream=(upstream if isinstance(upstream, str) else "<arrays>", "random"))
+                 upstream=(upstream if isinstance(upstream, str) else "<arrays>", "random"), kwargs=(kwargs, None))
     # 1. What to check: name every float tensor that requires grad and make float64 copies.
     plan = collect(fn, inputs, params, wrt, exclude, names, dtype)
     d_eps, d_rtol, d_atol = DEFAULTS.get(plan.check_dtype, DEFAULTS[np.dtype(np.float32)])

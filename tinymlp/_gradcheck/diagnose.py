@@ -32,8 +32,9 @@ from .report import FAIL, PASS
 
 def diagnose(run, c, result, checks, missing, linear):
     """Fill in pattern / hint / hint_kind: what the bad elements have in common, and why."""
-    if not linear and result.verdict == "ok":
+    if not linear and result.verdict != "FAIL":  # backward(2g) != 2 backward(g) is a failure in itself
         result.verdict = "FAIL"
+        result.worst = [ch for ch in result.worst if ch.status == FAIL]
     if result.hint_kind == "low_precision":  # checks.lost_precision has said it all
         return
     if result.verdict == "NONDIFF":
