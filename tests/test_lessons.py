@@ -1,11 +1,15 @@
-"""The lessons: every notebook in lessons/ runs top to bottom, and is committed clean.
+"""The lessons: both builds of every notebook run top to bottom, the exercises are graded, and
+the notebooks are committed clean and up to date with their sources.
 
-Each ``lessons/*.ipynb`` is executed in a fresh ``python3`` kernel with ``lessons/`` as the
-working directory (marker ``lessons``; deselect with ``-m "not lessons"``), one test per
-notebook, so a new lesson is picked up by its file name alone. A lesson that raises, or whose
-asserts fail, fails here; ``-s`` prints each lesson's run time. Committed notebooks carry no
-outputs and no execution counts (the reader runs them), and a notebook built from a source in
-``lessons/src/`` must be what ``python lessons/make_lessons.py`` makes of it.
+``lessons/NN_name.ipynb`` is the worked build (the answer key): executed in a fresh ``python3``
+kernel with ``lessons/`` as the working directory (marker ``lessons``; deselect with
+``-m "not lessons"``), it must raise nowhere and every ``check(...)`` in it must print
+``passed``. ``lessons/exercises/NN_name.ipynb`` is the student build: untouched, it must run to
+the end with every check printing ``not done yet``. Both are executed by the autograder's own
+``run_notebook`` (``lessons/checks.py``), so what is tested here is what an instructor runs.
+The autograder's command line is tested on the cheapest lesson, and on a copy of a student
+notebook with a wrong answer planted in it, which must be reported FAILED with the gradcheck
+report and its hint. ``-s`` prints each lesson's run time.
 """
 
 from __future__ import annotations
@@ -15,26 +19,52 @@ import json
 import os
 import pathlib
 import re
-import time
+import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository root
 LESSONS = ROOT / "lessons"
+EXERCISES = LESSONS / "exercises"
 NOTEBOOKS = sorted(LESSONS.glob("*.ipynb"))
-CELL_TIMEOUT = 120  # seconds per cell; a lesson should take well under two minutes in all
+STUDENT_NOTEBOOKS = sorted(EXERCISES.glob("*.ipynb"))
+SOURCES = sorted((LESSONS / "src").glob("*.py"))
+CELL_TIMEOUT = 120  # seconds per cell; a lesson should take well under a minute in all
 
 
 def _ids(paths):
     return [p.stem for p in paths]
 
 
-@pytest.mark.lessons
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_lesson_runs(path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    # the kernel imports this checkout's tinymlp even without `pip install -e .`
+def _load(name, path):
+    """Import a file of lessons/ as a module (once; checks.py registers itself as ``checks``)."""
+    known = sys.modules.get(name)
+    if known is not None and pathlib.Path(getattr(known, "__file__", "")).resolve() == path.resolve():
+        return known
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def checks():
+    return _load("checks", LESSONS / "checks.py")
+
+
+@pytest.fixture(scope="module")
+def make_lessons():
+    pytest.importorskip("nbformat")
+    return _load("make_lessons", LESSONS / "make_lessons.py")
+
+
+@pytest.fixture
+def kernel_env(monkeypatch):
+    """The kernel imports this checkout's tinymlp, draws figures inline, uses one BLAS thread."""
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
@@ -43,26 +73,172 @@ def test_lesson_runs(path, monkeypatch):
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if var not in os.environ:
             monkeypatch.setenv(var, "1")
-    nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(LESSONS)}},
-    )
-    start = time.perf_counter()
-    try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as err:
-        message = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # the traceback without terminal colours
-        pytest.fail(f"{path.name} failed:\n{message}", pytrace=False)
-    print(f"{path.name}: {time.perf_counter() - start:.1f} s")
+
+
+def _clean(text):
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # without terminal colours
+
+
+# ------------------------------------------------------------------------------ both builds run
+@pytest.mark.lessons
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_worked_lesson_runs_and_every_check_passes(path, kernel_env, checks):
+    result = checks.run_notebook(path, timeout=CELL_TIMEOUT)
+    print(f"{path.name}: {result.seconds:.1f} s")
+    if result.errors:
+        pytest.fail(f"{path.name} raised:\n" + "\n".join(_clean(e) for e in result.errors)
+                    + "\n--- output ---\n" + _clean(result.outputs)[-4000:], pytrace=False)
+    rows = list(result.rows)
+    bad = [row for row in rows if row[2] != "passed"]
+    assert not bad, f"{path.name}: checks that did not pass in the answer key: {bad}\n{_clean(result.outputs)[-4000:]}"
+    assert len(rows) == len(result.expected)
+
+
+@pytest.mark.lessons
+@pytest.mark.parametrize("path", STUDENT_NOTEBOOKS, ids=_ids(STUDENT_NOTEBOOKS))
+def test_untouched_student_notebook_runs_to_the_end(path, kernel_env, checks):
+    result = checks.run_notebook(path, timeout=CELL_TIMEOUT)
+    print(f"exercises/{path.name}: {result.seconds:.1f} s")
+    if result.errors:
+        pytest.fail(f"exercises/{path.name} raised:\n" + "\n".join(_clean(e) for e in result.errors)
+                    + "\n--- output ---\n" + _clean(result.outputs)[-4000:], pytrace=False)
+    rows = list(result.rows)
+    assert rows and all(status == "not done" for _, _, status in rows), rows
+    assert [r[0] for r in rows] == result.expected
+
+
+# ------------------------------------------------------------------------------ the autograder
+@pytest.mark.lessons
+def test_autograder_exit_codes_and_table(kernel_env):
+    worked, student = LESSONS / "01_backprop_by_hand.ipynb", EXERCISES / "01_backprop_by_hand.ipynb"
+    grader = [sys.executable, str(LESSONS / "checks.py"), "--timeout", str(CELL_TIMEOUT)]
+    ok = subprocess.run(grader + [str(worked)], capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.search(r"01\.1 .* passed", ok.stdout) and "2 of 2 exercises passed" in ok.stdout
+    todo = subprocess.run(grader + [str(student)], capture_output=True, text=True, timeout=600)
+    assert todo.returncode == 1, todo.stdout + todo.stderr
+    assert len(re.findall(r"\bnot done\b", todo.stdout)) == 2 and "0 of 2 exercises passed" in todo.stdout
+
+
+def _plant(nb, ex_id, new):
+    """Replace the stub of ``ex_id`` in a student notebook by a (wrong) answer."""
+    stub = f'raise NotImplementedError("exercise {ex_id}")'
+    for cell in nb.cells:
+        if cell.cell_type == "code" and stub in cell.source:
+            indent = re.search(rf"^( *){re.escape(stub)}", cell.source, flags=re.M).group(1)
+            answer = "\n".join(indent + line for line in new.strip("\n").splitlines())
+            cell.source = cell.source.replace(indent + stub, answer)
+            return nb
+    raise AssertionError(f"no stub for {ex_id}")
+
+
+@pytest.mark.lessons
+def test_a_planted_wrong_answer_is_failed_with_the_gradcheck_hint(tmp_path, kernel_env, checks):
+    import nbformat
+
+    nb = nbformat.read(EXERCISES / "03_writing_an_op.ipynb", as_version=4)
+    _plant(nb, "03.1", """
+dx = (g2 @ weight.T).reshape(ctx.x_shape)
+dw = g2.T @ x2                                   # wrong: the transpose of X^T G
+db = g2.sum(axis=0)
+return dx, dw, db
+""")
+    copy = tmp_path / "03_writing_an_op.ipynb"
+    nbformat.write(nb, copy)
+    result = checks.run_notebook(copy, timeout=CELL_TIMEOUT)
+    assert not result.errors, result.errors
+    assert dict((r[0], r[2]) for r in result.rows) == {"03.1": "FAILED", "03.2": "not done"}
+    out = _clean(result.outputs)
+    assert "exercise 03.1 Linear backward: FAILED" in out
+    assert re.search(r"^\s*likely\s*:", out, flags=re.M), out      # the report's hint line
+    assert "weight" in out and "FAIL" in out
+    grade = subprocess.run([sys.executable, str(LESSONS / "checks.py"), str(copy)],
+                           capture_output=True, text=True, timeout=600)
+    assert grade.returncode == 1 and re.search(r"03\.1 .* FAILED", grade.stdout), grade.stdout
+
+
+# ------------------------------------------------------------------------------ check() itself
+def test_check_prints_one_line_and_never_raises(checks, capsys):
+    def stub(*args):
+        raise NotImplementedError("exercise 02.3")
+
+    assert checks.check("02.3", stub) is False
+    assert capsys.readouterr().out == "exercise 02.3 unbroadcast: not done yet\n"
+    assert checks.check("06.1", ...) is False
+    assert capsys.readouterr().out.endswith(": not done yet\n")
+
+    def broken(grad, shape):
+        raise TypeError("oops")
+
+    assert checks.check("02.3", broken) is False
+    out = capsys.readouterr().out
+    assert out.startswith("exercise 02.3 unbroadcast: FAILED\n") and "TypeError: oops" in out
+
+    assert checks.check("02.3", lambda grad, shape: grad.sum(axis=0)) is False
+    out = capsys.readouterr().out
+    assert "FAILED" in out and ("differs from the reference" in out or "shape" in out)
+    assert checks.check("99.9", stub) is False
+    assert "no such exercise" in capsys.readouterr().out
+
+
+def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
+    import numpy as np
+
+    from tinymlp import Function, array_module
+
+    class HalfGELU(Function):                      # right forward, backward off by a factor 2
+        @staticmethod
+        def forward(ctx, x):
+            xp = array_module(x)
+            t = xp.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))
+            ctx.save_for_backward(x, t)
+            return 0.5 * x * (1 + t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, t = ctx.saved_tensors
+            dydx = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
+            return grad * dydx * 0.5
+
+    assert checks.check("03.2", HalfGELU) is False
+    out = capsys.readouterr().out
+    assert out.startswith("exercise 03.2 GELU backward: FAILED\n")
+    assert "gradcheck" in out and re.search(r"^\s*(likely|pattern)\s*:", out, flags=re.M), out
+
+
+# ------------------------------------------------------------------------------ the course's shape
+def test_exercises_are_registered_numbered_and_enough(checks, make_lessons):
+    seen = {}
+    for src in SOURCES:
+        ids = make_lessons.exercise_ids(src)
+        text = src.read_text()
+        for ex_id in dict.fromkeys(ids):
+            assert ex_id.startswith(src.name[:2] + "."), f"{src.name}: exercise {ex_id} belongs to another lesson"
+            assert ex_id in checks.EXERCISES, f"{src.name}: exercise {ex_id} has no check in lessons/checks.py"
+            assert re.search(rf"check\(\s*\"{re.escape(ex_id)}\"", text), f"{src.name}: exercise {ex_id} is never checked"
+            assert ex_id not in seen, f"exercise {ex_id} in {src.name} and {seen[ex_id]}"
+            seen[ex_id] = src.name
+    assert set(seen) == set(checks.EXERCISES), "every registered check belongs to an exercise in a source"
+    assert len(seen) >= 24
+    for lesson in ("02", "03", "04", "05", "06", "07", "08", "10"):
+        assert sum(k.startswith(lesson + ".") for k in seen) >= 2, f"lesson {lesson} needs two exercises"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
+def test_each_lesson_states_objectives_and_prerequisites(source):
+    head = source.read_text()[:4000]
+    assert "**Objectives.**" in head and "**Prerequisites:**" in head, source.name
 
 
 def test_lessons_exist_and_are_numbered():
     assert NOTEBOOKS, "no notebooks in lessons/"
-    for path in NOTEBOOKS:
+    for path in NOTEBOOKS + STUDENT_NOTEBOOKS:
         assert path.name[:2].isdigit() and path.name[2] == "_", f"{path.name}: expected NN_name.ipynb"
+    assert [p.name for p in STUDENT_NOTEBOOKS] == [p.name for p in NOTEBOOKS]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize("path", NOTEBOOKS + STUDENT_NOTEBOOKS,
+                         ids=_ids(NOTEBOOKS) + [f"exercises-{s}" for s in _ids(STUDENT_NOTEBOOKS)])
 def test_lesson_is_committed_without_outputs(path):
     nb = json.loads(path.read_text())
     assert nb.get("nbformat") == 4, f"{path.name}: not an nbformat 4 notebook"
@@ -71,16 +247,32 @@ def test_lesson_is_committed_without_outputs(path):
     assert not dirty, f"{path.name}: cells {dirty} have outputs or execution counts; clear them before committing"
 
 
-SOURCES = sorted((LESSONS / "src").glob("*.py"))
+@pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
+def test_both_builds_match_their_source(source, make_lessons):
+    for student in (False, True):
+        target = make_lessons.target_of(source, student)
+        assert target.exists(), f"{target.name} missing: run python lessons/make_lessons.py"
+        assert target.read_text() == make_lessons.render(make_lessons.build(source, student)), (
+            f"{target.relative_to(ROOT)} differs from lessons/src/{source.name}: run python lessons/make_lessons.py")
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
-def test_lesson_matches_its_source(source):
-    pytest.importorskip("nbformat")
-    spec = importlib.util.spec_from_file_location("make_lessons", LESSONS / "make_lessons.py")
-    make_lessons = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_lessons)
-    target = make_lessons.target_of(source)
-    assert target.exists(), f"{target.name} missing: run python lessons/make_lessons.py"
-    assert target.read_text() == make_lessons.render(make_lessons.build(source)), (
-        f"{target.name} differs from lessons/src/{source.name}: run python lessons/make_lessons.py")
+def test_the_student_build_holds_no_answer(source, make_lessons):
+    worked, student = make_lessons.build(source), make_lessons.build(source, student=True)
+    text = "\n".join(c.source for c in student.cells)
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    assert "BEGIN SOLUTION" not in "\n".join(c.source for c in worked.cells)
+    for ex_id in dict.fromkeys(make_lessons.exercise_ids(source)):
+        assert f'NotImplementedError("exercise {ex_id}")' in text or f"# exercise {ex_id}: your answer" in text
+
+
+def test_make_lessons_stubs(make_lessons):
+    code = ("def f(x):\n    \"\"\"doc\"\"\"\n    # BEGIN SOLUTION 04.1\n    return x + 1\n    # END SOLUTION\n\n"
+            "# BEGIN SOLUTION 06.2 | n = ...\nn = 3\n# END SOLUTION\nprint(n)")
+    assert make_lessons.solutions("code", code, student=False) == (
+        "def f(x):\n    \"\"\"doc\"\"\"\n    return x + 1\n\nn = 3\nprint(n)")
+    assert make_lessons.solutions("code", code, student=True) == (
+        "def f(x):\n    \"\"\"doc\"\"\"\n    raise NotImplementedError(\"exercise 04.1\")\n\n"
+        "n = ...  # exercise 06.2: your answer\nprint(n)")
+    with pytest.raises(ValueError, match="no END SOLUTION"):
+        make_lessons.solutions("code", "# BEGIN SOLUTION 01.1\nx = 1", student=True)

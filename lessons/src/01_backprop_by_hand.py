@@ -7,7 +7,7 @@
 # Before any framework computes that gradient for us, we compute it once by hand for a
 # single neuron, using nothing but the chain rule, and check every step with numbers.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. one neuron, a squared loss, and the chain rule for $\partial\mathcal L/\partial w_j$ and $\partial\mathcal L/\partial b$;
 # 2. finite differences: the numerical check that every later lesson relies on;

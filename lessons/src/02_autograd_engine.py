@@ -8,7 +8,7 @@
 # chain-rule bookkeeping mechanically: during the forward pass it *records* which operation
 # produced which tensor, and `backward()` walks that record from the loss back to the weights.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. tensors: data, gradient, and whether to track them;
 # 2. the graph that the forward pass records, and `backward()` over it;

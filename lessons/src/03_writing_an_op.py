@@ -9,7 +9,7 @@
 # make up an MLP, derive their backward passes, and let the gradient checker judge them.
 # Then we break one on purpose and learn to read the checker's report.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. the `Function` contract;
 # 2. `Linear`: $y = xW + b$, backward derived with differentials, gradchecked;

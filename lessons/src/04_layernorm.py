@@ -10,7 +10,7 @@
 # the engine would record about ten nodes and as many temporary arrays; derived once, it is
 # three reductions and a few multiplications.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. the forward pass;
 # 2. the backward pass derived step by step, and its Jacobian checked numerically;

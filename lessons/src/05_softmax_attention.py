@@ -9,7 +9,7 @@
 # or borrow: softmax and its Jacobian, scaled dot-product attention with masks, sinusoidal
 # position encodings, and the cutting of an image into patch tokens.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. softmax: stability and its Jacobian $\operatorname{diag}(p) - pp^\top$, checked numerically;
 # 2. scaled dot-product attention, why $\sqrt d$, masks (causal, padding), attention maps;

@@ -9,7 +9,7 @@
 # each token, a function of its $C$ features). Nothing else: no attention, no convolution,
 # no position encoding.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. token mixing vs channel mixing: the shapes, and who talks to whom;
 # 2. the cost: linear in the number of tokens, against attention's quadratic cost, counted and timed;

@@ -20,7 +20,7 @@
 # Row $i$ of $W$ says how much token $i$ listens to every token $j$. That one $S\times S$
 # matrix per block is the only place where tokens meet.
 #
-# **In this lesson**
+# **Objectives.** In this lesson:
 #
 # 1. the initialisation $W \approx 0$, $b = 1$: the block starts as a per-token MLP, checked numerically;
 # 2. the SGU variants of the course work's Table 6 (linear, additive, multiplicative, split), trained side by side;

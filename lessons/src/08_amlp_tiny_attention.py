@@ -17,7 +17,7 @@
 # $d_{attn} = 64$ in the paper (one head). The attention weight $A_{ij}$ now depends on what
 # tokens $i$ and $j$ contain. Table 9 of the course work: aMLP 77.1 vs gMLP 75.5 on MNLI-m.
 #
-# **In this lesson** we build a task that needs content-based routing, train a gMLP and an
+# **Objectives.** In this lesson we build a task that needs content-based routing, train a gMLP and an
 # aMLP on it, and look inside the attention to see the routing happen.
 #
 # **Prerequisites:** lessons 5 (attention) and 7 (gMLP and the SGU).

@@ -18,6 +18,12 @@
 # This notebook runs everywhere: where no GPU is usable it says why and what to install
 # instead of failing, and it still shows the CPU side of every comparison.
 #
+# **Objectives.** Run a model on a GPU by moving where its arrays live; read `doctor`'s
+# report; time the same training step on both devices and explain the difference.
+#
+# **Prerequisites:** lesson 6 or 7 (a model and its training loop). No exercises: this lesson
+# is a demonstration that adapts to the machine it runs on.
+#
 # **In tinymlp:** `tinymlp/backend.py` (device names, `array_module`, `to_device`,
 # `cuda_available`, `CudaUnavailableError`), `Tensor.to` in `tinymlp/tensor.py`, `Module.to` in
 # `tinymlp/nn/module.py`, and `tinymlp/train.py` (why the loop reads its metrics only every

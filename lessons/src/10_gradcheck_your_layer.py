@@ -3,8 +3,8 @@
 # %% [markdown]
 # # Lesson 10: gradient-checking your own layer
 #
-# This is the workflow of the course's assignments, and of every new layer you will write
-# in any framework:
+# **Objectives.** This is the workflow of the course's assignments, and of every new layer
+# you will write in any framework:
 #
 # 1. derive the backward pass on paper;
 # 2. write the layer as a `Function` (forward and backward on raw arrays);

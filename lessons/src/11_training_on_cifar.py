@@ -15,6 +15,13 @@
 # and a few epochs so that it finishes in well under a minute. The last section shows the
 # command that runs the full thing.
 #
+# **Objectives.** Assemble the full recipe (data pipeline and augmentation, AdamW with
+# weight decay on the weights only, warmup and decay, clipping, curves, checkpoints and an
+# exact resume) and know the command that runs it at full size.
+#
+# **Prerequisites:** lessons 6 and 7 (the models), lesson 2 (the training loop). No exercises:
+# this lesson is the capstone you adapt for your own runs.
+#
 # **In tinymlp:** `tinymlp/data/` (`cifar.py`: finding, checking and reading CIFAR;
 # `loader.py`: `DataLoader`; `transforms.py`: crop, flip, normalise), `tinymlp/optim.py`
 # (`AdamW`, `param_groups`, `WarmupLinear`, `clip_grad_norm`), `tinymlp/train.py` (`fit`,
