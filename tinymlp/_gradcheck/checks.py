@@ -5,7 +5,12 @@
 * ``analytic``: the gradients backward produces (each tensor alone when the engine rejects one);
   ``scales_linearly``: backward(2g) == 2 backward(g) and backward(0) == 0;
 * ``sample_positions`` / ``directional``: what sampled mode checks on a large tensor;
-* ``kinks`` and ``stability``: can the numerical side be trusted for a failing element?
+* ``kinks``, ``stability`` and ``lost_precision``: can the numerical side be trusted for a
+  failing element (a kink within eps, an estimate that moves with eps, a forward that computes
+  in float32 inside)?
+* ``summarize``: the counts, verdict and worst elements of one tensor;
+* ``name_sources``: the Function whose backward computed a failing gradient (the "from" line),
+  and whether it returned fewer gradients than its Function has inputs.
 """
 
 from __future__ import annotations

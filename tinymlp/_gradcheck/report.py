@@ -1,8 +1,8 @@
 """The result of a gradient check: the data it is made of and how it is printed.
 
 ``gradcheck`` (in ``tinymlp/gradcheck.py``) fills in one ``TensorResult`` per checked tensor
-and wraps them in a ``GradcheckReport``; ``str(report)`` is the text described in the section
-"Reading the report" of that module's docstring.
+and wraps them in a ``GradcheckReport``; ``str(report)`` is the text described under "Reading a
+report" in the docstring of the function ``tinymlp.gradcheck``.
 """
 
 from __future__ import annotations
