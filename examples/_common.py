@@ -256,7 +256,8 @@ def _loaders(args, train_set, test_set):
 # per-channel (mean, std) on the [0, 1] scale: "dataset" measures the training set; pretrained
 # models expect their pre-training's ("inception": [-1, 1], the JAX Mixer and ViT; "imagenet")
 NORMALIZATIONS = {"inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-                  "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+                  "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                  "none": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))}
 
 
 def _normalization(args, train_set):

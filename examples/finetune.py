@@ -36,6 +36,8 @@ from _common import UsageError, main, make_parser
 
 from tinymlp import checkpoint, interop, models
 
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "synthetic": 10}
+
 
 def build_parser():
     parser = make_parser(__doc__.splitlines()[0])
@@ -50,10 +52,12 @@ def build_parser():
                         "pretrained model's). Mixer and gMLP fine-tune at their pretraining resolution "
                         "(their token-mixing / spatial weights are tied to the token count); a ViT may "
                         "change it (its position embedding is interpolated)")
-    g.add_argument("--normalize", choices=["auto", "dataset", "inception", "imagenet"], default="auto",
-                   help="input normalisation: 'inception' maps pixels to [-1, 1] (the JAX Mixer and ViT, "
-                        "timm's mixer_* and vit_* weights), 'imagenet' uses ImageNet's mean and std (timm's "
-                        "gmlp_*), 'dataset' the CIFAR statistics; auto picks by the weights' source")
+    g.add_argument("--normalize", choices=["auto", "inception", "imagenet", "none", "dataset"], default="auto",
+                   help="input normalisation, as the weights were pre-trained: 'inception' maps pixels to "
+                        "[-1, 1] (the JAX Mixer and ViT, and timm's goog/augreg Mixer, gMLP and ViT weights), "
+                        "'imagenet' uses ImageNet's mean and std (e.g. DeiT), 'none' keeps [0, 1] (timm's "
+                        "miil Mixer), 'dataset' the CIFAR statistics; auto: 'dataset' for a file written by "
+                        "tinymlp's save_timm, 'inception' otherwise")
     parser.set_defaults(optimizer="sgd", schedule="cosine", lr=0.01, weight_decay=0.0, epochs=10)
     parser.description = (__doc__.splitlines()[0] + " Mixer and gMLP fine-tune at their pretraining "
                           "resolution; a ViT may change it.")
@@ -80,8 +84,8 @@ class Pretrained:
             raise UsageError(f"--pretrained {path}: no such file")
         try:
             source = interop.weights_source(path)
-            self.model = interop.load_pretrained(path, heads=args.heads) if args.resume is None or not \
-                _resumable(args) else None
+            if args.resume is None or not _resumable(args):
+                self.model = interop.load_pretrained(path, heads=args.heads, num_classes=NUM_CLASSES[args.dataset])
         except (interop.InteropError, ImportError) as err:
             raise UsageError(f"--pretrained {path}: {str(err).removeprefix(f'{path}: ')}") from None
         if self.model is not None:
@@ -94,7 +98,7 @@ class Pretrained:
                     "its token-mixing / spatial weights are tied to that token count: fine-tune it at "
                     f"--image-size {size}")
             if args.normalize == "auto":
-                args.normalize = _normalization_of(source, self.model)
+                args.normalize = _normalization_of(source)
             cls = type(self.model)
         else:
             cls = _resumed_class(args)
@@ -104,22 +108,20 @@ class Pretrained:
         model = self.model
         if model is None:
             raise UsageError("--pretrained PATH is needed for a new run")
-        old = model.config["num_classes"]
-        if num_classes != old:
+        if num_classes != model.config["num_classes"]:
             interop.replace_head(model, num_classes)
+        new_head = not model.head.weight.data.any()      # load_pretrained zeroes a head of another class count
         model = interop.change_image_size(model, args.image_size)
         print(f"pretrained: {args.pretrained} ({type(model).__name__}, {model.config['image_size']} px, "
-              f"{'new zero head for ' + str(num_classes) if num_classes != old else 'its own head for ' + str(old)}"
-              f" classes, normalize {args.normalize})")
+              f"{'a new zero head' if new_head else 'its own head'} for {num_classes} classes, "
+              f"normalize {args.normalize})")
         return model
 
 
-def _normalization_of(source, model):
-    if source == "tinymlp":
-        return "dataset"       # a tinymlp model trained on CIFAR, written with save_timm
-    if source == "timm" and isinstance(model, models.GMLP):
-        return "imagenet"      # timm's gmlp_* were trained with ImageNet's mean and std
-    return "inception"         # the JAX Mixer and ViT (and timm's copies of them): [-1, 1]
+def _normalization_of(source):
+    # a tinymlp model trained on CIFAR (written with save_timm) saw the dataset's statistics; the
+    # JAX Mixer and ViT, and timm's mixer_*.goog_*, gmlp_s16_224.ra3 and vit_*.augreg/orig, saw [-1, 1]
+    return "dataset" if source == "tinymlp" else "inception"
 
 
 def _resume_file(args):

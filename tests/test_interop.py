@@ -283,6 +283,15 @@ def test_new_head_is_zero_and_keeps_the_body():
     np.testing.assert_array_equal(same.state_dict()["head.weight"], sd["head.weight"].T)
 
 
+def test_a_headless_checkpoint_needs_a_class_count():
+    sd = timm_state("vit")                                # timm's num_classes=0 models have no head.*
+    del sd["head.weight"], sd["head.bias"]
+    with pytest.raises(InteropError, match="num_classes"):
+        interop.from_timm(sd, heads=2)
+    model = interop.from_timm(sd, heads=2, num_classes=4)
+    assert model.config["num_classes"] == 4 and not model.head.weight.data.any()
+
+
 def test_replace_head_in_place():
     model = small_model("gmlp")
     body = model.state_dict()["blocks.0.sgu.weight"]

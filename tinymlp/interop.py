@@ -425,10 +425,16 @@ def _from_timm(state, meta, what, arch, num_classes, heads, gelu, image_size, co
     return model
 
 
+def _names(theirs):
+    return theirs if isinstance(theirs, tuple) else (theirs,)
+
+
 def _load_table(model, state, table, ignored, what, source_name, convert=_to_tinymlp_layout):
-    expected = {theirs for _, theirs, _ in table}
-    unexpected = sorted(set(state) - expected - set(ignored))
-    missing = [theirs for _, theirs, _ in table if theirs not in state]
+    """Check that ``state`` holds exactly the table's source names (less ``ignored``), convert each
+    array to tinymlp's layout and load them all into ``model`` (a missing head stays zero)."""
+    expected = [name for _, theirs, _ in table for name in _names(theirs)]
+    unexpected = sorted(set(state) - set(expected) - set(ignored))
+    missing = [name for name in expected if name not in state]
     if unexpected or missing:
         parts = []
         if missing:
@@ -439,9 +445,12 @@ def _load_table(model, state, table, ignored, what, source_name, convert=_to_tin
         raise InteropError(
             f"{what} does not have the layout of a plain {source_name} that tinymlp's {type(model).__name__} "
             f"can hold ({'; '.join(parts)}). Variants with extra parts (layer scale, register tokens, "
-            "fc_norm, q/k norms, ...) have no tinymlp counterpart."
+            "fc_norm, q/k norms, a representation layer, ...) have no tinymlp counterpart."
         )
-    converted = {ours: convert(np.asarray(state[theirs]), layout) for ours, theirs, layout in table}
+    converted = {}
+    for ours, theirs, layout in table:      # a tuple of names: one array built from several (Flax q, k, v)
+        value = tuple(np.asarray(state[n]) for n in theirs) if isinstance(theirs, tuple) else np.asarray(state[theirs])
+        converted[ours] = convert(value, layout)
     if not any(ours == "head.weight" for ours, _, _ in table):
         converted["head.weight"] = np.zeros_like(model.head.weight.data)    # zero head, as a new model has
         converted["head.bias"] = np.zeros_like(model.head.bias.data)
@@ -665,36 +674,8 @@ def _from_jax(arrays, what, arch, num_classes, gelu, image_size, config):
         table = _jax_vit_table(depth, keep_head)
     kwargs.update(num_classes=source_classes if num_classes is None else int(num_classes), gelu=gelu, **config)
     model = cls(**kwargs)
-    ignored = set()
-    if has_head and not keep_head:
-        ignored |= {"head/kernel", "head/bias", "pre_logits/kernel", "pre_logits/bias"}
-
-    def convert(value, layout):
-        return _from_flax(value, layout)
-
-    flat = {}
-    for ours, theirs, layout in table:       # the qkv rows read three arrays
-        names = theirs if isinstance(theirs, tuple) else (theirs,)
-        for n in names:
-            if n in state:
-                flat[n] = state[n]
-    expected = set()
-    for _, theirs, _ in table:
-        expected |= set(theirs if isinstance(theirs, tuple) else (theirs,))
-    missing = sorted(expected - set(state))
-    unexpected = sorted(set(state) - expected - ignored)
-    if missing or unexpected:
-        raise InteropError(
-            f"{what} does not have the layout of an official {family} checkpoint "
-            f"(missing: {', '.join(missing[:5]) or 'none'}; unexpected: {', '.join(unexpected[:5]) or 'none'})")
-    converted = {}
-    for ours, theirs, layout in table:
-        value = tuple(state[n] for n in theirs) if isinstance(theirs, tuple) else state[theirs]
-        converted[ours] = convert(value, layout)
-    if not keep_head:
-        converted["head.weight"] = np.zeros_like(model.head.weight.data)
-        converted["head.bias"] = np.zeros_like(model.head.bias.data)
-    model.load_state_dict(converted)
+    ignored = {"head/kernel", "head/bias", "pre_logits/kernel", "pre_logits/bias"} if not keep_head else set()
+    _load_table(model, state, table, ignored, what, f"official {family} checkpoint", convert=_from_flax)
     return model
 
 
