@@ -327,6 +327,15 @@ def test_reproduce_line_shows_the_real_call():
     text = failing(lambda x: SoftplusPartial.apply(x), (x,), seed=3, mode="full").summary()
     assert "reproduce: tinymlp.gradcheck(fn, (x,), mode='full', seed=3)   # fn: the lambda at " in text
     assert "test_gradcheck_reports.py:" in text
+    layer = TinyLayer()
+    BiasAdd.wrong = True
+    try:
+        text = failing(lambda x: layer(x), (x[:, :3],), params=dict(layer.named_parameters()),
+                       dtype=np.float64, upstream=np.ones((4, 4)), wrt=["fc.bias"]).summary()
+    finally:
+        BiasAdd.wrong = False
+    assert ("reproduce: tinymlp.gradcheck(fn, (x,), params={'fc.weight': fc.weight, 'fc.bias': fc.bias}, "
+            "wrt=['fc.bias'], upstream=g, seed=0)") in text
 
 
 def test_reproduce_line_of_a_module(wrong_bias):

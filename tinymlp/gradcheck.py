@@ -113,20 +113,18 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
     """
     if mode not in ("auto", "full", "sampled"):
         raise ValueError(f"gradcheck: mode must be 'auto', 'full' or 'sampled', got {mode!r}")
-    asked = dict(wrt=(wrt, None), exclude=(exclude, None), mode=(mode, "auto"), dtype=(dtype, "float64"),
-                 eps=(eps, None), rtol=(rtol, None), atol=(atol, None),
-                 upstream=(upstream if isinstance(upstream, str) else "<arrays>", "random"), kwargs=(kwargs, None))
     # 1. What to check: name every float tensor that requires grad and make float64 copies.
     plan = collect(fn, inputs, params, wrt, exclude, names, dtype)
     d_eps, d_rtol, d_atol = DEFAULTS.get(plan.check_dtype, DEFAULTS[np.dtype(np.float32)])
     if mode == "auto":
-        mode = "full" if sum(c.size for c in plan.checked) <= max_full else "sampled"
-    settings = Settings(mode=mode, dtype=plan.check_dtype, seed=seed, promoted_from=plan.promoted_from,
+        resolved = "full" if sum(c.size for c in plan.checked) <= max_full else "sampled"
+    settings = Settings(mode=resolved if mode == "auto" else mode, dtype=plan.check_dtype, seed=seed, promoted_from=plan.promoted_from,
                         eps=d_eps if eps is None else eps, rtol=d_rtol if rtol is None else rtol,
                         atol=d_atol if atol is None else atol,
                         upstream=upstream if isinstance(upstream, str) else "given")
-    settings.options = {k: v for k, (v, default) in asked.items() if v != default}  # for reproduce:
-    settings.call = describe_call(fn, inputs, plan.input_names)
+    settings.call = describe_call(fn, inputs, plan.input_names, params=params, wrt=wrt, exclude=exclude,
+                                  mode=mode, dtype=dtype, eps=eps, rtol=rtol, atol=atol, upstream=upstream,
+                                  kwargs=kwargs, seed=seed)
     run = checks.Run(plan, settings, Evaluator(fn, plan.args, dict(kwargs or {}), before_forward, plan.xp),
                      seed, upstream=upstream, n_coords=n_coords, n_proj=n_proj, topk=topk)
 

@@ -228,11 +228,31 @@ def _function_of(fn):
     return None
 
 
-def describe_call(fn, inputs, input_names) -> str:
+_DEFAULT_OPTIONS = dict(params="auto", wrt=None, exclude=None, mode="auto", dtype="float64", eps=None,
+                        rtol=None, atol=None, upstream="random", kwargs=None)
+
+
+class _Code(str):
+    """Text shown as it is in the reproduce line (``params={'w': w}``), not as a quoted string."""
+
+    def __repr__(self):
+        return str(self)
+
+
+def describe_call(fn, inputs, input_names, seed=0, **options) -> str:
     """The gradcheck call that repeats this one, with what fn and the inputs are in a comment::
 
-        tinymlp.gradcheck(Swish.apply, (x,)   # x: (4, 5) float64
+        tinymlp.gradcheck(Swish.apply, (x,), seed=0)   # x: (4,5) float64
+
+    Options that differ from their default are written out; tensors by their names.
     """
+    if options.get("dtype") is not None:
+        options["dtype"] = np.dtype(options["dtype"]).name
+    if isinstance(options.get("params"), dict):
+        options["params"] = _Code("{" + ", ".join(f"{k!r}: {k}" for k in options["params"]) + "}")
+    if options.get("upstream") is not None and not isinstance(options["upstream"], str):
+        options["upstream"] = _Code("g")
+    given = "".join(f", {k}={v!r}" for k, v in options.items() if v != _DEFAULT_OPTIONS.get(k))
     notes = []
     if is_module(fn):
         callee = type(fn).__name__.lower()
@@ -259,7 +279,7 @@ def describe_call(fn, inputs, input_names) -> str:
         else:
             notes.append(f"{name}={x!r}"[:40])
     args = ", ".join(input_names) + ("," if len(input_names) == 1 else "")
-    return f"tinymlp.gradcheck({callee}, ({args}){{options}})" + ("   # " + "; ".join(notes) if notes else "")
+    return f"tinymlp.gradcheck({callee}, ({args}){given}, seed={seed})" + ("   # " + "; ".join(notes) if notes else "")
 
 
 def working_array(data, dtype):

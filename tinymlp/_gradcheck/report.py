@@ -170,8 +170,7 @@ class Settings:
     promoted_from: tuple = ()
     deterministic: bool | None = None
     restored: bool | None = None
-    options: dict = field(default_factory=dict)  # non-default arguments, for the reproduce line
-    call: str = "tinymlp.gradcheck(fn, inputs{options})"  # the call, "{options}" where they go
+    call: str = "tinymlp.gradcheck(fn, inputs)"  # the call that repeats the check (the reproduce line)
 
     @property
     def atol_eff(self):
@@ -211,8 +210,7 @@ def _format_report(report) -> str:
                          f"{r.n_directions} random directions; to check every element pass mode='full' "
                          f"({2 * r.size:,} forwards), with wrt=[{r.name!r}] to check only this tensor")
     if report.verdict != "PASS":
-        options = "".join(f", {k}={v!r}" for k, v in s.options.items()) + f", seed={s.seed}"
-        lines.append(f"reproduce: {s.call.replace('{options}', options)}")
+        lines.append(f"reproduce: {s.call}")
     return "\n".join(lines).rstrip() + "\n"
 
 
