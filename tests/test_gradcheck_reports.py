@@ -251,6 +251,10 @@ def test_every_element_failing_still_says_what_is_known():
     assert "signs agree on 17 of 20 elements" in result.pattern
     assert "correlation of analytical and numerical 0.96" in result.pattern
     assert "a term of the derivative is missing or has the wrong sign" in result.hint
+    assert "(analytical - numerical) / (g * x) is negative on every element" in result.pattern
+    assert "look for a term x * (...) of the derivative that is missing or has its sign flipped" in result.hint
+    unrelated = failing(MulTanhSwapped.apply, (leaf((3, 3), 7), leaf((3, 3), 8)), wrt=["x"]).per_tensor["x"]
+    assert unrelated.hint_kind == "wrong_formula" and "unrelated to the true gradient" in unrelated.hint
 
 
 def test_error_proportional_to_an_input_is_named():

@@ -181,15 +181,24 @@ def _still_known(run, c, result, elements):
         facts.append(f"analytical / numerical from {ratios.min():.3g} to {ratios.max():.3g} (no single factor)")
     result.pattern = f"all {len(a)} elements fail; " + "; ".join(facts)
     result.hint_kind = "wrong_formula"
-    proportional = _proportional_error(run, c, elements, a - n)
-    if proportional is not None:
-        result.pattern += f"; analytical - numerical = {proportional} exactly"
-        result.hint = (f"the error is proportional to an input: backward has a term {proportional} too many "
+    exact, one_sign = _error_against_inputs(run, c, elements, a - n)
+    if exact is not None:
+        result.pattern += f"; analytical - numerical = {exact} exactly"
+        result.hint = (f"the error is proportional to an input: backward has a term {exact} too many "
                        "(or with the wrong sign or factor); compare that term with the derivation")
-    elif corr is not None and corr > 0.5:
+        return
+    if one_sign is not None:
+        label, lo, hi = one_sign
+        sign = "negative" if hi < 0 else "positive"
+        result.pattern += (f"; (analytical - numerical) / ({label}) is {sign} on every element "
+                           f"(from {lo:.3g} to {hi:.3g})")
+    if corr is not None and corr > 0.5:
         result.hint = ("the right trend but wrong values: a term of the derivative is missing or has the "
-                       "wrong sign (not a scale of the whole gradient); write out each term of "
-                       "d(forward)/d(input) and compare it with backward")
+                       "wrong sign (not a scale of the whole gradient)"
+                       + (f"; the error is {label} times a factor of one sign, so look for a term "
+                          f"{label.split(' * ')[-1]} * (...) of the derivative that is missing or has its sign "
+                          "flipped" if one_sign is not None else "")
+                       + "; write out each term of d(forward)/d(input) and compare it with backward")
     elif corr is not None and corr < -0.5:
         result.hint = "mostly the opposite sign: the main term of the derivative has the wrong sign"
     else:
@@ -197,25 +206,30 @@ def _still_known(run, c, result, elements):
                        "value, or the gradients of two inputs returned in the wrong order")
 
 
-def _proportional_error(run, c, elements, err):
-    """'k x expr' when a - n = k * expr, expr an input of c's shape, or g times it; else None."""
+def _error_against_inputs(run, c, elements, err):
+    """Compare the error a - n with each input T of c's shape, and with g * T (g the upstream
+    gradient, when one output has c's size): ("k x T", None) when err = k T exactly; else
+    (None, ("g * T", lo, hi)) when err / (g T) has one sign on every element; else (None, None)."""
     outputs_g = [g for g in run.ev.upstream if g.size == c.size]
     g = np.asarray(to_device(outputs_g[0], "cpu")).reshape(c.tensor.shape) if len(outputs_g) == 1 else None
     pos = tuple(np.array([ch.index for ch in elements]).reshape(len(elements), -1).T)
+    one_sign = None
     for other in run.checked:
         if other.tensor.shape != c.tensor.shape or not c.tensor.shape:
             continue
         values = np.asarray(to_device(other.tensor.data, "cpu"), dtype=np.float64)
         for label, v in ((other.name, values), (f"g * {other.name}", None if g is None else g * values)):
-            if v is None:
+            if v is None or not np.any(v[pos]):
                 continue
             v = v[pos]
-            if not np.any(v):
-                continue
             k = float(v @ err / (v @ v))
             if k != 0 and np.linalg.norm(err - k * v) <= 1e-6 * np.linalg.norm(err):
-                return f"{k:.4g} x {label}"
-    return None
+                return f"{k:.4g} x {label}", None
+            usable = np.abs(v) > 1e-12 * np.abs(v).max()
+            q = err[usable] / v[usable]
+            if one_sign is None and len(q) >= 3 and (np.all(q > 0) or np.all(q < 0)):
+                one_sign = (label, float(q.min()), float(q.max()))
+    return None, one_sign
 
 
 def diagnose_across(run, results):
