@@ -10,24 +10,20 @@
 A state dict is only names and arrays, so a model moves between libraries by renaming and by
 transposing where the two libraries store a layer differently:
 
-==========================  ====================================  ================================
-tinymlp                     timm                                  how
-==========================  ====================================  ================================
-Linear ``weight`` (in, out)  ``nn.Linear`` ``weight`` (out, in)   transposed
-``patch_embed.proj.weight``  ``stem.proj.weight`` (Mixer, gMLP),  a conv with kernel = stride = P
-(C_in P P, C)               ``patch_embed.proj.weight`` (ViT),    is a Linear on flattened
-                            (C, C_in, P, P)                       patches: ``w.reshape(C, -1).T``
-Mixer ``token_mlp``,        ``mlp_tokens``, ``mlp_channels``      fc1 / fc2 transposed
-``channel_mlp``
-gMLP ``proj_in``,           ``mlp_channels.fc1``,                 transposed
-``proj_out``                ``mlp_channels.fc2``
-gMLP ``sgu.weight`` (S, S)  ``mlp_channels.gate.proj.weight``     *not* transposed: both are
-                                                                  (out_token, in_token)
-gMLP ``sgu.norm``           ``mlp_channels.gate.norm``            as is
-ViT ``attn.qkv``, ``.out``  ``attn.qkv``, ``attn.proj``           transposed; [q | k | v] x heads
-                                                                  in the same order
-``norm``, ``head``, ...     the same names                        (head transposed)
-==========================  ====================================  ================================
+    tinymlp                          timm                                how
+    -------------------------------  ----------------------------------  -----------------------------
+    any Linear weight (in, out)      nn.Linear weight (out, in)          transposed
+    patch_embed.proj.weight          stem.proj.weight (Mixer, gMLP),     a conv with kernel = stride
+      (C_in P P, C)                  patch_embed.proj.weight (ViT),      = P is a Linear on flattened
+                                     (C, C_in, P, P)                     patches: w.reshape(C, -1).T
+    Mixer token_mlp, channel_mlp     mlp_tokens, mlp_channels            fc1, fc2 transposed
+    gMLP proj_in, proj_out           mlp_channels.fc1, mlp_channels.fc2  transposed
+    gMLP sgu.weight (S, S)           mlp_channels.gate.proj.weight       NOT transposed: both are
+                                                                         (out_token, in_token)
+    gMLP sgu.norm                    mlp_channels.gate.norm              as is
+    ViT attn.qkv, attn.out           attn.qkv, attn.proj                 transposed; [q | k | v] x
+                                                                         heads in the same order
+    norm, head, cls_token, ...       the same names                      (head transposed)
 
 The official Flax checkpoints (google-research/vision_transformer, ``.npz``) store Dense
 kernels as (in, out) already, and the stem as a conv kernel (P, P, C_in, C) ("HWIO").
@@ -37,8 +33,8 @@ eps 1e-5; the official JAX models use the tanh GELU. ``from_timm`` builds models
 ``gelu="exact"`` and ``sgu_eps=1e-5``, ``from_jax_npz`` with ``gelu="tanh"``, so a converted
 model computes what its source computes (logits equal to float32 round-off).
 
-No pickle. tinymlp reads ``.safetensors`` (through the optional ``safetensors`` package,
-``pip install "tinymlp[interop]"``) and ``.npz`` (``allow_pickle=False``), never a pickled
+No pickle. tinymlp reads ``.safetensors`` (through the optional ``safetensors`` package: the
+checkout's ``interop`` extra) and ``.npz`` (``allow_pickle=False``), never a pickled
 ``.pth``/``.bin``: unpickling runs whatever code the file names. Convert such a file once, on
 a machine where you trust it, with the command ``PickleRefusedError`` prints.
 """
@@ -64,7 +60,7 @@ __all__ = [
     "replace_head", "resize_pos_embed", "save_safetensors", "save_timm", "to_timm", "weights_source",
 ]
 
-SAFETENSORS_HINT = 'pip install safetensors (or pip install "tinymlp[interop]")'
+SAFETENSORS_HINT = 'pip install safetensors (or pip install -e ".[interop]" from your tinymlp checkout)'
 PICKLED_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
 VIT_HEADS = {"tiny": 3, "small": 6, "medium": 8, "base": 12, "large": 16, "huge": 16}
 

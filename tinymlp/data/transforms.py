@@ -97,7 +97,8 @@ def resize(images, size):
 
     Bilinear interpolation is separable, a weighted average along rows then along columns, so
     it is two matrix products with small interpolation matrices: out = R_h @ images @ R_w^T,
-    R_h (h, H) and R_w (w, W) (see ``_bilinear_weights``), batched over the leading axes.
+    R_h (h, H) and R_w (w, W) (see ``_bilinear_weights``). The first is batched over the
+    leading axes; the second, which writes the large output, is one (N h, W) x (W, w) product.
     """
     h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     H, W = images.shape[-2:]
@@ -106,7 +107,9 @@ def resize(images, size):
     xp = array_module(images)
     rows = xp.asarray(_bilinear_weights(H, h), dtype=images.dtype)     # (h, H)
     cols = xp.asarray(_bilinear_weights(W, w).T, dtype=images.dtype)   # (W, w)
-    return xp.matmul(xp.matmul(rows, images), cols)                   # (..., h, w)
+    tall = xp.matmul(rows, images)                                    # (..., h, W): along the height
+    out = tall.reshape(-1, W) @ cols                                  # (... h, w): along the width
+    return out.reshape(*images.shape[:-2], h, w)
 
 
 def one_hot(labels, num_classes, dtype=np.float32):
