@@ -43,6 +43,17 @@ def device(request):
     return request.param
 
 
+@pytest.fixture(params=["fast", "reference"])
+def tier(request):
+    """Run a test once with the fast tier on and once on the reference tier alone.
+
+    Op test modules use it for every test (``pytestmark = pytest.mark.usefixtures("tier")``),
+    so every gradient check and every planted bug runs against both implementations.
+    """
+    with tinymlp.fast.enabled() if request.param == "fast" else tinymlp.fast.disabled():
+        yield request.param
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

@@ -16,6 +16,8 @@ import tinymlp.functional as F
 from tinymlp import GradcheckError, gradcheck, no_grad, tensor
 from tinymlp.ops.activation import GELU, erf, erfc
 
+pytestmark = pytest.mark.usefixtures("tier")   # every test on the fast and the reference tier
+
 seeds = st.integers(0, 2**32 - 1)
 with_device = settings(
     suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.function_scoped_fixture]

@@ -3,7 +3,7 @@
 Every test here carries the ``cuda`` marker (``pytestmark``) and is skipped by conftest where
 CuPy sees no GPU; the module itself imports without CuPy. What is checked, against what:
 
-- each kernel of ``tinymlp.ops.cuda_kernels`` against the generic formula of its op run by
+- each kernel of ``tinymlp.fast.cuda_kernels`` against the generic formula of its op run by
   NumPy in float64 on the same inputs (float32 and float64; widths 1, 33, 257; one token;
   batch one; strided views of the SGU's halves);
 - every ``F`` op's backward against finite differences (``tinymlp.gradcheck``) on CuPy
@@ -22,7 +22,8 @@ import tinymlp
 import tinymlp.functional as F
 from tinymlp import gradcheck, tensor
 from tinymlp.backend import to_device
-from tinymlp.ops import activation, cuda_kernels, norm
+from tinymlp.fast import activation, cuda_kernels
+from tinymlp.ops import norm
 
 pytestmark = pytest.mark.cuda
 
@@ -74,7 +75,7 @@ def draw(rng, shape, dtype, loc=0.0, scale=1.0):
 def test_gelu_kernel_matches_generic_formula(cp, dtype, shape):
     x = draw(np.random.default_rng(0), shape, dtype, scale=3.0)
     y_ref, d_ref = np.empty(shape), np.empty(shape)
-    activation._gelu_tanh(x.astype(np.float64), y_ref, d_ref)     # the generic xp code, on NumPy
+    activation.gelu_tanh_into(x.astype(np.float64), y_ref, d_ref)     # the generic xp code, on NumPy
     y, d = cuda_kernels.gelu_tanh_forward(gpu(x))
     assert y.dtype == dtype and d.dtype == dtype
     assert_close(y, y_ref, dtype, "gelu y")
@@ -89,7 +90,7 @@ def test_gelu_kernel_matches_generic_formula(cp, dtype, shape):
 def test_gelu_kernel_on_a_strided_view(cp):
     x = draw(np.random.default_rng(2), (4, 66), np.float64, scale=3.0)
     y_ref, d_ref = np.empty((4, 33)), np.empty((4, 33))
-    activation._gelu_tanh(x[:, ::2], y_ref, d_ref)
+    activation.gelu_tanh_into(x[:, ::2], y_ref, d_ref)
     y, d = cuda_kernels.gelu_tanh_forward(gpu(x)[:, ::2])
     assert_close(y, y_ref, np.float64, "gelu y (view)")
     assert_close(d, d_ref, np.float64, "gelu dy/dx (view)")

@@ -14,9 +14,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import tinymlp.functional as F
-from tinymlp import GradcheckError, gradcheck, tensor
+from tinymlp import GradcheckError, fast, gradcheck, tensor
 from tinymlp.backend import to_device
 from tinymlp.ops.gating import SpatialGating, Toeplitz1d
+
+pytestmark = pytest.mark.usefixtures("tier")   # every test on the fast and the reference tier
 
 VARIANTS = ["split", "linear", "additive", "multiplicative"]
 seeds = st.integers(0, 2**32 - 1)
@@ -163,13 +165,15 @@ def test_float32_stays_float32():
 
 # --------------------------------------------------------------------------- negative controls
 def _plant(monkeypatch, mutate):
-    """Replace SpatialGating.backward by the correct one followed by ``mutate(ctx, grads)``."""
-    correct = SpatialGating.backward
+    """Replace the backward that runs (the fast one, or the reference on the reference tier) by
+    the correct one followed by ``mutate(g, grads)``, which sees only G and the gradients."""
+    impl = fast.implementation(SpatialGating)
+    correct = impl.backward
 
     def buggy(ctx, g):
-        return mutate(ctx, list(correct(ctx, g)))
+        return mutate(g, list(correct(ctx, g)))
 
-    monkeypatch.setattr(SpatialGating, "backward", staticmethod(buggy))
+    monkeypatch.setattr(impl, "backward", staticmethod(buggy))
 
 
 def _failing(report, name):
@@ -182,17 +186,28 @@ def _check(inputs, **kwargs):
     return gradcheck(sgu, inputs, kwargs=kwargs, raise_on_fail=False)
 
 
+def _gate_parts(inputs, variant="split", causal=False):
+    """(z1 or z, N = LN(gate input), F) of the unperturbed inputs, in plain NumPy."""
+    z, W, b, gamma, beta = (t.numpy() for t in inputs[:5])
+    e = z.shape[-1] // 2 if variant == "split" else z.shape[-1]
+    u = z[..., e:] if variant == "split" else z
+    N = (u - u.mean(-1, keepdims=True)) / np.sqrt(u.var(-1, keepdims=True) + 1e-5) * gamma + beta
+    W = np.tril(W) if causal else W
+    return z[..., :e], N, np.einsum("ij,bjc->bic", W, N) + b[:, None]
+
+
 @pytest.mark.parametrize("branch", ["bypass z1", "gate z2"])
 def test_gating_branch_treated_as_constant_is_caught(monkeypatch, branch):
     """Dropping dL/dz1 (or the gate path dL/dz2) leaves half of dL/dz at zero."""
     inputs = sgu_inputs(np.random.default_rng(6), 2, 3, 3, "split", False)
+    e = inputs[0].shape[-1] // 2
 
-    def drop(ctx, grads):
+    def drop(g, grads):
         dz = grads[0].copy()
         if branch == "bypass z1":
-            dz[..., : ctx.e] = 0
+            dz[..., :e] = 0
         else:
-            dz[..., ctx.e:] = 0
+            dz[..., e:] = 0
         grads[0] = dz
         return tuple(grads)
 
@@ -206,26 +221,20 @@ def test_gating_branch_treated_as_constant_is_caught(monkeypatch, branch):
 def test_multiplicative_variant_missing_direct_term_is_caught(monkeypatch):
     """out = z * f(z): forgetting the G * F term (z used twice) must fail."""
     inputs = sgu_inputs(np.random.default_rng(7), 2, 3, 3, "multiplicative", False)
+    _, _, f = _gate_parts(inputs, "multiplicative")
 
-    def drop(ctx, grads):
-        z, *_, f = ctx.saved_tensors
-        grads[0] = grads[0] - ctx.g_seen * f
+    def drop(g, grads):
+        grads[0] = grads[0] - g * f
         return tuple(grads)
 
-    correct = SpatialGating.backward
-
-    def remember(ctx, g):
-        ctx.g_seen = g
-        return drop(ctx, list(correct(ctx, g)))
-
-    monkeypatch.setattr(SpatialGating, "backward", staticmethod(remember))
+    _plant(monkeypatch, drop)
     _failing(_check(inputs, variant="multiplicative"), "z")
 
 
 def test_transposed_weight_gradient_is_caught(monkeypatch):
     inputs = sgu_inputs(np.random.default_rng(8), 2, 4, 3, "split", False)
 
-    def transpose(ctx, grads):
+    def transpose(g, grads):
         grads[1] = grads[1].T.copy()
         return tuple(grads)
 
@@ -237,21 +246,13 @@ def test_transposed_weight_gradient_is_caught(monkeypatch):
 def test_causal_weight_gradient_left_unmasked_is_caught(monkeypatch):
     """Masked entries of W never reach the output: their gradient must be exactly 0."""
     inputs = sgu_inputs(np.random.default_rng(9), 2, 4, 3, "split", False)
+    z1, n, _ = _gate_parts(inputs, causal=True)
 
-    def unmask(ctx, grads):
-        z, w_eff, gamma, beta, xhat, rstd, f = ctx.saved_tensors
-        g_f = ctx.g_seen * z[..., : ctx.e]
-        n = xhat * gamma + beta
-        grads[1] = np.einsum("bic,bjc->ij", g_f, n)  # the dense dW, without tril
+    def unmask(g, grads):
+        grads[1] = np.einsum("bic,bjc->ij", g * z1, n)  # the dense dW, without tril
         return tuple(grads)
 
-    correct = SpatialGating.backward
-
-    def remember(ctx, g):
-        ctx.g_seen = g
-        return unmask(ctx, list(correct(ctx, g)))
-
-    monkeypatch.setattr(SpatialGating, "backward", staticmethod(remember))
+    _plant(monkeypatch, unmask)
     _failing(_check(inputs, causal=True), "weight")
 
 
@@ -321,8 +322,9 @@ def test_gradcheck_sgu_with_toeplitz_2d(gh, gw, e, seed):
 
 
 def test_toeplitz_gradient_summed_on_the_wrong_diagonals_is_caught(monkeypatch):
-    correct = Toeplitz1d.backward
-    monkeypatch.setattr(Toeplitz1d, "backward", staticmethod(lambda ctx, g: correct(ctx, g)[::-1].copy()))
+    impl = fast.implementation(Toeplitz1d)
+    correct = impl.backward
+    monkeypatch.setattr(impl, "backward", staticmethod(lambda ctx, g: correct(ctx, g)[::-1].copy()))
     w = tensor(np.random.default_rng(11).normal(size=7), requires_grad=True, dtype="float64")
     report = gradcheck(F.toeplitz_1d, (w, 4), raise_on_fail=False)
     assert not report.passed

@@ -14,6 +14,8 @@ from tinymlp import GradcheckError, gradcheck, tensor
 from tinymlp.backend import to_device
 from tinymlp.ops.linear import Linear
 
+pytestmark = pytest.mark.usefixtures("tier")   # every test on the fast and the reference tier
+
 seeds = st.integers(0, 2**32 - 1)
 # the `device` fixture is a constant string, safe to share between hypothesis examples
 with_device = settings(

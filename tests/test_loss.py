@@ -16,6 +16,8 @@ from tinymlp import gradcheck, tensor
 from tinymlp.backend import to_device
 from tinymlp.ops.loss import CrossEntropy
 
+pytestmark = pytest.mark.usefixtures("tier")   # every test on the fast and the reference tier
+
 seeds = st.integers(0, 2**32 - 1)
 
 
@@ -125,11 +127,19 @@ def test_gradcheck_hard_targets(alpha, B, K, seed):
 @given(B=st.integers(1, 4), K=st.integers(1, 5), seed=seeds)
 @example(B=1, K=1, seed=0)
 def test_gradcheck_soft_targets(alpha, B, K, seed):
-    """Gradients for the logits and for the (here differentiable) soft targets; rows need not sum to 1."""
+    """Gradients for the logits and for the (here differentiable) soft targets."""
     rng = np.random.default_rng(seed)
     x = leaf(3 * rng.normal(size=(B, K)))
-    t = leaf(rng.random((B, K)))
+    t = rng.random((B, K)) + 0.1
+    t = leaf(t / t.sum(axis=1, keepdims=True))        # distributions, entries away from 0
     gradcheck(ce, (x, t), kwargs={"label_smoothing": alpha}, seed=seed % 1000)
+
+
+@pytest.mark.parametrize("target, what", [([[0.5, 0.7], [0.5, 0.5]], "row sums"), ([[1.5, -0.5], [0.5, 0.5]], "min entry")])
+def test_soft_targets_that_are_not_distributions_are_refused(target, what):
+    x = leaf(np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=f"soft targets must be distributions.*{what}"):
+        ce(x, np.array(target))
 
 
 def test_gradcheck_on_device(device):

@@ -16,6 +16,8 @@ from tinymlp import GradcheckError, gradcheck, tensor
 from tinymlp.backend import to_device
 from tinymlp.ops.norm import LayerNorm
 
+pytestmark = pytest.mark.usefixtures("tier")   # every test on the fast and the reference tier
+
 seeds = st.integers(0, 2**32 - 1)
 with_device = settings(
     suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.function_scoped_fixture]

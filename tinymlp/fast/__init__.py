@@ -35,7 +35,7 @@ import contextlib
 
 from ..autograd import _fast
 
-__all__ = ["disabled", "enabled", "implementations", "is_enabled", "register", "set_enabled"]
+__all__ = ["disabled", "enabled", "implementation", "implementations", "is_enabled", "register", "set_enabled"]
 
 
 def register(reference, devices=("cpu", "cuda")):
@@ -57,6 +57,14 @@ def register(reference, devices=("cpu", "cuda")):
 def implementations():
     """``{(reference Function, device): fast implementation}``: what the fast tier replaces."""
     return dict(_fast.impls)
+
+
+def implementation(reference, device="cpu"):
+    """The class that ``reference.apply`` runs on ``device`` right now: its fast implementation
+    while the tier is on and one is registered, else ``reference`` itself."""
+    if not _fast.enabled:
+        return reference
+    return _fast.impls.get((reference, device), reference)
 
 
 def is_enabled() -> bool:

@@ -38,13 +38,6 @@ class FlatGroup:
         params = group["params"]
         first = params[0].data
         self.device, self.dtype = device_of(first), first.dtype
-        for p in params:
-            if device_of(p.data) != self.device or p.data.dtype != self.dtype:
-                raise ValueError(
-                    "an optimizer param group must hold parameters of one dtype on one device; found "
-                    f"{self.dtype} on {self.device} and {p.data.dtype} on {device_of(p.data)}: "
-                    "put them in separate groups"
-                )
         self.shapes = [p.shape for p in params]
         self.stops, end = [], 0
         for p in params:
@@ -61,6 +54,12 @@ class FlatGroup:
                 view = self.view(buf, i)
                 view[...] = state[name]
                 state[name] = view
+
+    @staticmethod
+    def uniform(params):
+        """Whether the parameters share one dtype and one device (what one flat buffer needs)."""
+        first = params[0].data
+        return all(p.data.dtype == first.dtype and device_of(p.data) == device_of(first) for p in params)
 
     def view(self, flat, i):
         return flat[self.starts[i]:self.stops[i]].reshape(self.shapes[i])
@@ -84,10 +83,18 @@ def step(optimizer):
         live = [i for i, p in enumerate(params) if p.grad is not None]
         if not live:
             continue
+        if not FlatGroup.uniform(params):   # mixed dtypes or devices: the reference, one by one
+            for i in live:
+                state = optimizer.param_state(gi, i)
+                state["step"] += 1
+                optimizer.update(params[i].data, params[i].grad, state, group)
+            continue
         fs = optimizer._flat[gi]
         if fs is None or not fs.fits(optimizer, gi):
             for i in range(len(params)):
                 optimizer.param_state(gi, i)       # moves state that followed a model.to(...)
+            if optimizer._flat is None:            # (which drops the stale flat buffers)
+                optimizer._flat = [None] * len(groups)
             fs = optimizer._flat[gi] = FlatGroup(optimizer, gi)
         states = optimizer.state[gi]
         xp = array_module(fs.grad)
