@@ -686,6 +686,7 @@ def main(argv=None) -> int:
     for path in args.notebooks:
         print(f"running {path} ...", file=sys.stderr, flush=True)
         res = run_notebook(path, timeout=args.timeout)
+        print(f"  ... {res.seconds:.1f} s", file=sys.stderr, flush=True)
         all_passed &= res.passed
         for ex_id, title, status in res.rows:
             rows.append((path.name, ex_id, title, status))
