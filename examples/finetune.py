@@ -97,6 +97,10 @@ class Pretrained:
                     f"--image-size {args.image_size}: {type(self.model).__name__} was pre-trained at {size} and "
                     "its token-mixing / spatial weights are tied to that token count: fine-tune it at "
                     f"--image-size {size}")
+            patch = self.model.config["patch_size"]
+            patch = patch if isinstance(patch, int) else patch[0]
+            if args.image_size % patch:
+                raise UsageError(f"--image-size {args.image_size}: not a multiple of the model's patch size {patch}")
             if args.normalize == "auto":
                 args.normalize = _normalization_of(source)
             cls = type(self.model)
