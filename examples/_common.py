@@ -2,6 +2,8 @@
 
 A script adds its model's flags to ``make_parser()`` and calls ``main(parser, model_spec)``,
 where ``model_spec(args) -> (preset name, overrides, weight-plot function, plot file name)``.
+finetune.py also passes ``build_model(args, num_classes) -> model`` (a pretrained model with a
+new head) and changes the defaults to its recipe (SGD, cosine decay: ``--optimizer``, ``--schedule``).
 
 The recipe (defaults, all flags can change them):
 
@@ -10,7 +12,7 @@ The recipe (defaults, all flags can change them):
   and std (``tinymlp.data.CIFAR10_MEAN``/``_STD``); batches moved to the device as uint8;
 - optimiser: AdamW, betas (0.9, 0.999), lr 1e-3, weight decay 0.05 on weights (not on
   biases and LayerNorm parameters), batch 128, gradient clipping at global norm 1;
-- schedule: linear warmup for the first 5% of the steps, then linear decay to 0.
+- schedule: linear warmup for the first 5% of the steps, then linear decay to 0 (or cosine).
 
 Adam(W) with betas (0.9, 0.999), linear warmup then linear decay and clipping at norm 1 are
 the MLP-Mixer training recipe the course work describes (section 2.1); its warmup length and
