@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import tinymlp
+import tinymlp.functional as F
 from tinymlp import Function, Tensor, autograd, no_grad, tensor
+from tinymlp.autograd import GradientMismatchError
 from tinymlp.ops.elementwise import Mul
 
 
@@ -521,3 +523,80 @@ def test_gradient_mismatch_error_carries_the_facts():
         Bad.apply(x).sum().backward()
     err = info.value
     assert (err.fn, err.index, err.kind, err.got, err.expected) == ("Bad", 0, "shape", (3,), (2, 3))
+
+
+# --------------------------------------------------------------------------- the contract, enforced
+class _Mul(Function):
+    """x * w, with a backward chosen by the test."""
+
+    result = None
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return _Mul.result(g, x, w)
+
+
+@pytest.mark.parametrize("returned, message", [
+    (lambda g, x, w: g * w, r"_Mul.backward returned 1 gradient for 2 inputs"),
+    (lambda g, x, w: (g * w, g * x, g), r"_Mul.backward returned 3 gradients for 2 inputs"),
+    (lambda g, x, w: (2.0, g * x), r"returned a float as the gradient of input 0.*raw arrays"),
+    (lambda g, x, w: (Tensor(g), g * x), r"returned a Tensor as the gradient of input 0"),
+])
+def test_backward_must_return_one_array_per_input(monkeypatch, returned, message):
+    monkeypatch.setattr(_Mul, "result", staticmethod(returned))
+    x, w = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    with pytest.raises(GradientMismatchError, match=message):
+        _Mul.apply(x, w).sum().backward()
+
+
+def test_trailing_non_array_inputs_may_be_left_out():
+    """Reshape(x, shape) returns one gradient: the shape is not an array."""
+    x = leaf(np.arange(6.0))
+    x.reshape(2, 3).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.ones(6))
+
+
+def test_a_function_without_backward_says_so():
+    class Double(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+    with pytest.raises(NotImplementedError, match="Double has no backward: define @staticmethod backward"):
+        Double.apply(leaf([1.0])).sum().backward()
+
+
+def test_a_saved_input_modified_in_place_is_refused_naming_the_op_and_the_input():
+    x, w = leaf(np.ones((3, 4))), leaf(np.ones((4, 2)))
+    y = F.linear(x, w).sum()
+    w.data[...] = 2.0
+    with pytest.raises(RuntimeError, match=r"Linear: input 1 'weight', of shape \(4, 2\), was modified in place"):
+        y.backward()
+
+
+def test_an_optimizer_step_before_backward_is_refused():
+    from tinymlp import nn, optim
+
+    layer = nn.Linear(3, 2)
+    opt = optim.SGD(layer.parameters(), lr=0.1)
+    loss = layer(Tensor(np.ones((4, 3), dtype=np.float32))).sum()
+    for p in layer.parameters():
+        p.grad = np.ones_like(p.data)
+    opt.step()                                   # changes the weight forward saved
+    with pytest.raises(RuntimeError, match="modified in place after forward saved it"):
+        loss.backward()
+
+
+def test_an_input_that_was_not_saved_may_change():
+    """Add saves nothing: changing its input in place does not touch its gradient."""
+    x = leaf([1.0, 2.0])
+    y = (x + 1.0).sum()
+    x.data[...] = 5.0
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [1.0, 1.0])

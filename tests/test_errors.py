@@ -365,3 +365,43 @@ def test_argmax_and_flatten_refuse_an_axis_the_tensor_lacks():
     with pytest.raises(AxisError, match="flatten: axis 3 is out of bounds"):
         x.flatten(3)
     assert x.flatten(1).shape == (2, 12) and x.flatten(-1).shape == (2, 3, 4) and x.argmax(axis=-1).shape == (2, 3)
+
+
+# --------------------------------------------------------------------------- ops, layers and models
+@pytest.mark.parametrize("op, call", [
+    ("softmax", lambda x: tinymlp.functional.softmax(x)),
+    ("layer_norm", lambda x: tinymlp.functional.layer_norm(x, None, None)),
+    ("cross_entropy", lambda x: tinymlp.functional.cross_entropy(x, np.array([0, 1]))),
+])
+def test_float_ops_on_an_integer_tensor_name_the_op_and_the_dtype(op, call):
+    x = tinymlp.tensor(np.arange(6).reshape(2, 3))
+    with pytest.raises(TypeError, match=rf"{op}: the .* must be a floating-point tensor, got dtype int64"):
+        call(x)
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan")])
+def test_layer_norm_refuses_a_non_positive_eps(eps):
+    x = tinymlp.tensor(np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"layer_norm: eps must be > 0"):
+        tinymlp.functional.layer_norm(x, None, None, eps=eps)
+
+
+@pytest.mark.parametrize("sizes", [(0, 3), (-1, 3), (3, 0)])
+def test_linear_layer_sizes_must_be_positive(sizes):
+    with pytest.raises(ValueError, match=r"Linear: in_features and out_features must be >= 1"):
+        tinymlp.nn.Linear(*sizes)
+
+
+@pytest.mark.parametrize("name, overrides, what", [
+    ("mixer_cifar", {"depth": 0}, "depth"), ("mixer_cifar", {"dim": 0}, "dim"),
+    ("gmlp_cifar", {"depth": 0}, "depth"), ("vit_b16", {"heads": 0}, "heads"),
+])
+def test_models_refuse_zero_depth_and_width(name, overrides, what):
+    with pytest.raises(ValueError, match=rf"{what} must be an integer >= 1, got 0"):
+        tinymlp.models.create(name, **overrides)
+
+
+def test_an_empty_batch_into_a_model_says_so():
+    model = tinymlp.models.create("mixer_cifar", depth=1)
+    with pytest.raises(ValueError, match="PatchEmbedding: got an empty batch"):
+        model(tinymlp.tensor(np.zeros((0, 3, 32, 32), dtype=np.float32)))

@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck, numerical_grad
 from . import testing  # tinymlp.testing.assert_grads: gradcheck for pytest
-from . import checkpoint, fast, functional, nn, optim
+from . import checkpoint, fast, functional, models, nn, optim
 from .nn.init import manual_seed
 from . import functional as F

@@ -32,6 +32,7 @@ gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: ca
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import threading
@@ -132,13 +133,21 @@ class GradientMismatchError(RuntimeError):
     """A Function's backward returned a gradient whose shape or dtype is not its input's.
 
     Attributes (for tools such as gradcheck): ``fn`` (the Function's name), ``index`` (which
-    positional input), ``kind`` ("shape" or "dtype"), ``got`` and ``expected``.
+    positional input; None for a wrong count), ``kind`` ("shape", "dtype", "count" or "type"),
+    ``got`` and ``expected``.
     """
 
     def __init__(self, fn, index, kind, got, expected):
         self.fn, self.index, self.kind, self.got, self.expected = fn, index, kind, got, expected
         if kind == "shape":
             text = f"{fn}.backward returned a gradient of shape {got} for an input of shape {expected}"
+        elif kind == "count":
+            text = (f"{fn}.backward returned {got} gradient{'s' if got != 1 else ''} for {expected} "
+                    f"input{'s' if expected != 1 else ''}: return one per positional input of forward, "
+                    "in order (None for an input that needs none)")
+        elif kind == "type":
+            text = (f"{fn}.backward returned a {got} as the gradient of input {index}; backward works on "
+                    f"raw arrays: return an array of the input's shape {expected} (or None)")
         else:
             text = (f"{fn}.backward returned a {got} gradient for a {expected} input "
                     "(an accidental upcast? keep constants in the input's dtype)")
@@ -233,7 +242,9 @@ class Function:
         Receives raw arrays (``Tensor.data``), never Tensors, plus any keyword options, and
         returns one array. It must not modify its inputs in place.
         """
-        raise NotImplementedError
+        raise NotImplementedError(
+            "a Function needs @staticmethod forward(ctx, *arrays) returning the output array"
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -243,7 +254,10 @@ class Function:
         input's shape and dtype, or None where ``ctx.needs_input_grad[i]`` is False. Plain
         array code: backward builds no graph.
         """
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{ctx.fn.__name__ if hasattr(ctx, 'fn') else 'this Function'} has no backward: define "
+            "@staticmethod backward(ctx, grad) returning one gradient array per positional input of forward"
+        )
 
     @classmethod
     def apply(cls, *args, **kwargs):
@@ -263,6 +277,7 @@ class Function:
         result = Tensor._from_op(out, ctx if record else None)
         if record:
             ctx.output = weakref.ref(result)
+            ctx.fingerprints = _fingerprints(args, arrays, ctx.saved_tensors)
         return result
 
 
@@ -276,6 +291,51 @@ class _NoGraphContext:
 
     def save_for_backward(self, *arrays):
         pass
+
+
+_SAMPLES = 16
+
+
+def _sample(arr):
+    """A few of ``arr``'s values, spread over it (a cheap fingerprint of its contents)."""
+    step = max(1, arr.size // _SAMPLES)
+    return arr.flat[::step][:_SAMPLES].copy()
+
+
+def _fingerprints(args, arrays, saved):
+    """For each input Tensor whose memory forward saved (NumPy only: reading values back from
+    a GPU would stall it): (index, its array, a sample of its values). backward compares them,
+    so that a saved input modified in place (``x.data[...] = ...``, an optimizer step before
+    backward) is an error instead of a silently wrong gradient."""
+    saved = [s for s in saved if type(s).__module__ == "numpy" and hasattr(s, "shape")]
+    prints = []
+    for i, (a, arr) in enumerate(zip(args, arrays)):
+        if (isinstance(a, Tensor) and type(arr).__module__ == "numpy" and arr.size
+                and any(_np_may_share_memory(s, arr) for s in saved)):
+            prints.append((i, arr, _sample(arr), a.name))
+    return prints
+
+
+def _np_may_share_memory(a, b):
+    import numpy  # noqa: PLC0415 - the engine's only NumPy call, for CPU arrays
+
+    return numpy.may_share_memory(a, b)
+
+
+def _check_unmodified(node):
+    """Raise if an input saved by ``node``'s forward was changed in place since (see above)."""
+    for i, arr, sample, name in getattr(node, "fingerprints", ()):
+        now = _sample(arr)
+        if not ((now == sample) | ((now != now) & (sample != sample))).all():   # NaN == NaN here
+            reference = getattr(node.fn, "reference", node.fn)
+            params = list(inspect.signature(reference.forward).parameters)[1:]
+            what = f"input {i}" + (f" '{params[i]}'" if i < len(params) and not params[i].startswith("*") else "")
+            what += f" (tensor '{name}')" if name else ""
+            raise RuntimeError(
+                f"{reference.__name__}: {what}, of shape {tuple(arr.shape)}, was modified in place after "
+                "forward saved it for backward (e.g. x.data[...] = ..., or an optimizer step before "
+                "backward()), so its gradients would be wrong; change a copy, or run backward() first"
+            )
 
 
 def _check_same_device(fn, args, arrays):
@@ -325,11 +385,10 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 "call backward(retain_graph=True) the first time to backpropagate twice"
             )
         node.retain_graph = retain_graph
-        in_grads = node.fn.backward(node, g)
-        if not isinstance(in_grads, tuple):
-            in_grads = (in_grads,)
+        _check_unmodified(node)
+        in_grads = _as_gradients(node, node.fn.backward(node, g))
         for i, parent in enumerate(node.parents):
-            if parent is None or i >= len(in_grads) or in_grads[i] is None:
+            if parent is None or in_grads[i] is None:
                 continue
             ig = in_grads[i]
             shape, dtype = node.input_shapes[i], node.input_dtypes[i]
@@ -342,6 +401,25 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             grads[key] = ig if prev is None else prev + ig
         if not retain_graph:
             _free(node)
+
+
+def _as_gradients(node, returned):
+    """What backward returned, as one entry per positional input, or a clear error.
+
+    Trailing inputs that are not arrays (a shape, an axis) may be left out, as they always get
+    None; an array input may not.
+    """
+    name = node.fn.__name__
+    grads = returned if isinstance(returned, tuple) else (returned,)
+    n = len(node.parents)
+    arrays = [i for i, shape in enumerate(node.input_shapes) if shape is not None]
+    least = arrays[-1] + 1 if arrays else 0
+    if not least <= len(grads) <= n:
+        raise GradientMismatchError(name, None, "count", len(grads), n)
+    for i, gr in enumerate(grads):
+        if gr is not None and not (hasattr(gr, "shape") and hasattr(gr, "dtype") and not isinstance(gr, Tensor)):
+            raise GradientMismatchError(name, i, "type", type(gr).__name__, node.input_shapes[i])
+    return grads + (None,) * (n - len(grads))
 
 
 class _FreedNode:

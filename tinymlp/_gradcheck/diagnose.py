@@ -375,8 +375,9 @@ def explain_engine_error(result, parsed):
     result.pattern = f"backward raised: {parsed['text']}"
     if parsed["kind"] == "count":  # the engine counted: fewer gradients than inputs
         result.hint_kind = "too_few_gradients"
-        result.hint = (f"{parsed['fn']}.backward returned {parsed['got']} gradient(s) for {parsed['want']} inputs: "
-                       "return one gradient per input of forward, in order (None where none is needed)")
+        got = int(parsed["got"])
+        result.hint = (f"{parsed['fn']}.backward returned {got} gradient{'s' * (got != 1)} for {parsed['want']} "
+                       "inputs: return one gradient per input of forward, in order (None where none is needed)")
         return
     if parsed["kind"] == "dtype":
         result.hint = (f"{parsed['fn']}.backward returns a {parsed['got']} gradient for a {parsed['want']} "

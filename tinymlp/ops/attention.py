@@ -15,7 +15,7 @@ import math
 import numpy as np  # shape arithmetic only
 
 from ..autograd import Function, unbroadcast
-from ..backend import array_module
+from ..backend import array_module, require_float
 from ..tensor import Tensor
 
 __all__ = ["Attention", "LogSoftmax", "Softmax", "attention", "log_softmax", "softmax"]
@@ -162,12 +162,12 @@ def _check_shapes(q, k, v, mask):
 
 def softmax(x, axis=-1):
     """Softmax along ``axis`` (stable: each slice has its maximum subtracted first)."""
-    return Softmax.apply(x, axis=axis)
+    return Softmax.apply(require_float("softmax", x), axis=axis)
 
 
 def log_softmax(x, axis=-1):
     """log(softmax(x)) along ``axis``, computed without forming softmax's small numbers."""
-    return LogSoftmax.apply(x, axis=axis)
+    return LogSoftmax.apply(require_float("log_softmax", x), axis=axis)
 
 
 def attention(q, k, v, mask=None, causal=False):

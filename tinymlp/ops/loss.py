@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Function
-from ..backend import array_module, is_float_dtype
+from ..backend import array_module, is_float_dtype, require_float
 from ..tensor import Tensor
 
 __all__ = ["CrossEntropy", "cross_entropy"]
@@ -100,6 +100,7 @@ def cross_entropy(logits, target, label_smoothing=0.0):
     soft target distributions of shape (B, K) (mixup / cutmix). label_smoothing in [0, 1] mixes
     each target with the uniform distribution: t_eff = (1 - alpha) t + alpha / K.
     """
+    require_float("cross_entropy", logits, "logits")
     if logits.ndim != 2:
         raise ValueError(f"cross_entropy: logits must have shape (batch, classes), got {tuple(logits.shape)}")
     B, K = logits.shape

@@ -10,7 +10,7 @@ with a ones vector, buffers reused on the last backward; one kernel per row on C
 from __future__ import annotations
 
 from ..autograd import Function
-from ..backend import array_module
+from ..backend import array_module, require_float
 
 __all__ = ["LayerNorm", "layer_norm", "normalize", "normalize_backward"]
 
@@ -92,11 +92,9 @@ def _check(x, weight, bias, eps):
             )
         if p is not None and p.dtype != x.dtype:
             raise TypeError(f"layer_norm: {name} is {p.dtype} but the input is {x.dtype}; convert with .astype()")
-    if x.dtype.kind != "f":
-        raise TypeError(f"layer_norm: needs a floating-point input, got {x.dtype}; convert with .astype('float32')")
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
     """Normalise ``x`` over its last axis to zero mean and unit variance, then scale by
     ``weight`` and shift by ``bias`` (each of shape (D,), or None)."""
-    return LayerNorm.apply(x, weight, bias, eps=eps)
+    return LayerNorm.apply(require_float("layer_norm", x), weight, bias, eps=eps)
