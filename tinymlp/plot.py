@@ -251,6 +251,15 @@ def _shape(shape) -> str:
     return "(" + ", ".join(str(int(n)) for n in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+def _function_name(fn) -> str:
+    """The Function's name; a fast-tier stand-in shows the reference it implements ("GELU (fast)")."""
+    if str(getattr(fn, "__module__", "")).startswith("tinymlp.fast"):
+        for base in getattr(fn, "__mro__", ())[1:]:
+            if not str(base.__module__).startswith("tinymlp.fast") and base.__name__ != "Function":
+                return f"{base.__name__} (fast)"
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
 def _graph_of(tensor):
     """The graph behind ``tensor`` as (nodes, edges): nodes are dicts with ``id``, ``kind``
     ("op", "leaf" or "output") and ``lines`` (the label), edges are (from id, to id) pairs,
@@ -295,7 +304,7 @@ def _graph_of(tensor):
                                "lines": describe_leaf(node, "leaf")}
         else:
             shape = tensor.shape if node is tensor._ctx else out_shapes.get(id(node))
-            name = getattr(node.fn, "__name__", type(node.fn).__name__)
+            name = _function_name(node.fn)
             nodes[id(node)] = {"id": id(node), "kind": "op",
                                "lines": [name, _shape(shape) if shape is not None else "?"]}
     if tensor._ctx is not None:                    # the tensor itself, as an oval after its op
