@@ -516,6 +516,11 @@ assert np.allclose(tokens_lib, ours, atol=1e-5)
 #
 # - Softmax's Jacobian is $\operatorname{diag}(p) - pp^\top$; backward needs only
 #   $p\odot(g - \langle g, p\rangle)$.
+# - Cross-entropy is $\operatorname{LSE}(x) - x_y$, so its gradient is $p - e_y$ (over the batch
+#   mean, divided by $N$).
+# - Attention's backward is two matrix products around a softmax backward:
+#   $dV = P^\top G$, $dS = P\odot(dP - \operatorname{rowsum}(dP\odot P))$ with $dP = GV^\top$, and
+#   $dQ = dS\,K/\sqrt d$, $dK = dS^\top Q/\sqrt d$.
 # - Attention is $\operatorname{softmax}(QK^\top/\sqrt d)\,V$; $\sqrt d$ keeps the softmax out of
 #   saturation; masks set forbidden weights to zero.
 # - Sinusoidal encodings turn a shift of position into a fixed rotation, so relative positions

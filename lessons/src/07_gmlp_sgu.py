@@ -565,7 +565,9 @@ spatial_weights(small_toeplitz)
 #
 # **Summary.** The SGU mixes tokens with one $S\times S$ matrix and a multiplicative gate.
 # It starts open ($W\approx 0$, $b=1$, so $s(Z)\approx Z_1$ and the gradient flows at full
-# strength), the split form is the robust choice, and when the task is shift-invariant the
+# strength). Its backward is the product rule, a matrix product over tokens ($dW = \sum dF\,N^\top$,
+# $dN = W^\top dF$) and lesson 4's LayerNorm backward; a Toeplitz $W$ sums its gradient along
+# the diagonals. The split form is the robust choice, and when the task is shift-invariant the
 # learned $W$ becomes Toeplitz on its own, which is why constraining it to $2S-1$ numbers
 # loses little. What $W$ cannot do is depend on the *content* of the tokens: lesson 8.
 
