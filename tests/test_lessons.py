@@ -160,6 +160,24 @@ return dx, dw, db
     assert grade.returncode == 1 and re.search(r"03\.1 .* FAILED", grade.stdout), grade.stdout
 
 
+@pytest.mark.lessons
+def test_autograder_grades_past_a_cell_that_raises(tmp_path, kernel_env, checks):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[
+        new_code_cell("from checks import check"),
+        new_code_cell("1 / 0"),                                                # a student's stray cell
+        new_code_cell("check('02.3', lambda grad, shape: grad)"),               # wrong: never sums
+    ])
+    path = tmp_path / "02_submission.ipynb"
+    nbformat.write(nb, path)
+    result = checks.run_notebook(path, timeout=CELL_TIMEOUT)
+    assert any("ZeroDivisionError" in e for e in result.errors)
+    assert dict((r[0], r[2]) for r in result.rows) == {"02.1": "not run", "02.2": "not run", "02.3": "FAILED"}
+    assert not result.passed
+
+
 # ------------------------------------------------------------------------------ check() itself
 def test_check_prints_one_line_and_never_raises(checks, capsys):
     def stub(*args):
