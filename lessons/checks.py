@@ -84,9 +84,9 @@ def _not_done(err) -> str | None:
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, NotImplementedError):
-            m = re.search(r"exercise (\d\d\.\d+)", str(err))
-            return m.group(1) if m else "?"
+        m = re.search(r"^exercise (\d\d\.\d+)$", str(err)) if isinstance(err, NotImplementedError) else None
+        if m:
+            return m.group(1)
         m = re.search(r"NotImplementedError\W+exercise (\d\d\.\d+)", str(err))
         if m:
             return m.group(1)
@@ -121,7 +121,7 @@ def check(ex_id: str, answer) -> bool:
     except Exception as err:  # noqa: BLE001: a wrong answer may raise anything; report it, never stop
         other = _not_done(err)
         if other is not None:
-            needs = "" if other in (ex.id, "?") else f" (it needs exercise {other} first)"
+            needs = "" if other == ex.id else f" (it needs exercise {other} first)"
             print(f"{head}: {NOT_DONE}{needs}")
             return False
         print(f"{head}: {FAILED}")

@@ -198,6 +198,18 @@ def test_check_prints_one_line_and_never_raises(checks, capsys):
     assert checks.check("02.3", lambda grad, shape: grad.sum(axis=0)) is False
     out = capsys.readouterr().out
     assert "FAILED" in out and ("differs from the reference" in out or "shape" in out)
+    import numpy as np
+
+    from tinymlp import Function
+
+    class NoBackward(Function):                    # not a stub: a Function missing its backward
+        @staticmethod
+        def forward(ctx, x):
+            return x / (1 + np.exp(-x))            # Swish: the forward comparison passes
+
+    assert checks.check("10.2", NoBackward) is False
+    out = capsys.readouterr().out
+    assert out.startswith("exercise 10.2 Swish backward: FAILED") and "backward" in out
     assert checks.check("99.9", stub) is False
     assert "no such exercise" in capsys.readouterr().out
 
