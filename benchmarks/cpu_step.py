@@ -1,32 +1,37 @@
-"""One training step (forward, backward, AdamW) on the CPU: tinymlp (NumPy) against PyTorch eager.
+"""One training step (forward, backward, AdamW) on the CPU: tinymlp's fast tier, its reference
+tier and PyTorch eager, on the same models with the same weights and the same batch.
 
-For each model preset (the course work's CIFAR Mixer, gMLP and aMLP: 32 x 32 images, 4 x 4
-patches, 64 tokens, float32) both frameworks train the same architecture with the same weights
-on one fixed batch, in this one process, with the same number of threads (NumPy's BLAS and
-PyTorch's intra-op pool), in alternating runs: a tinymlp step, a PyTorch step, a run of the
-matrix products alone, again and again, so that all three see the same machine conditions.
+Rows: the course work's CIFAR presets (``mixer_cifar``, ``gmlp_cifar``, ``amlp_cifar``: 32 x 32
+RGB, 4 x 4 patches, 64 tokens) and small MNIST-sized models (28 x 28 grey, 4 x 4 patches, 49
+tokens, dim 64, depth 4: ``mixer_mnist``, ``gmlp_mnist``, ``amlp_mnist``), float32, batch 64.
 
-Printed per model:
+Columns ("runs"): ``fast`` (tinymlp, fast tier: the default), ``reference`` (tinymlp with
+``tinymlp.fast.disabled()``: the ops as the lessons read them), ``torch`` (PyTorch eager, the
+twins of benchmarks/torch_models.py) and ``matmul`` (the step's matrix products alone, the floor
+no elementwise work can win back).
 
-- median ms per step and images/s, and the ratio tinymlp / PyTorch;
-- the matmul floor: the matrix products of the step (every forward and backward GEMM, with
-  the shapes recorded from tinymlp's ops during one traced step) run alone, back to back, on
-  contiguous float32 operands; its share of the step is what no elementwise work can win back;
-- the peak memory of a step: the most bytes allocated at once during one step, above what was
-  allocated when the step began (parameters, optimizer state and the previous gradients). For
-  tinymlp it is counted with ``tracemalloc`` (NumPy reports every array buffer to it); for
-  PyTorch from the allocation and free events of its CPU allocator, recorded by
-  ``torch.profiler`` with ``profile_memory=True``. Both count array buffers only, neither the
-  BLAS libraries' own workspaces;
-- the engine's fixed cost: a tiny model of the same depth (widths 8, batch 2), where the
-  arithmetic is negligible and the step time is Python, graph and call overhead.
+How it times, and why (measured: see the README's benchmark section):
 
-The BLAS behind NumPy, its CPU kernel and both thread counts are printed first: on the CPU
-they matter as much as the code (see the README). The machine load is printed too: other
-processes on the cores make every figure noisy, so compare medians taken in one run.
+- an idle gap (``--gap``, 0.25 s) before EVERY timed step: OpenBLAS's worker thread spins for
+  about 0.1 s after a matrix product and PyTorch's OpenMP threads after its ops, which slows
+  whatever runs next on a 2-core machine;
+- medians over ``--steps`` timed steps (default 10 for the CIFAR models, 30 for the small ones),
+  the runs taken in turn, after warm-up rounds;
+- ``--solo``: each run in its own process (the default times them in one process, alternating):
+  in one process PyTorch keeps glibc's heap warm for NumPy and the other way round. Solo mode can
+  also time variants of the fast tier set by environment variables: ``fast-nonumba``
+  (TINYMLP_NUMBA=0: the NumPy fast path even where numba is installed) and ``fast-heap``
+  (TINYMLP_KEEP_MEMORY=0: freed memory goes back to the OS as glibc decides by default).
 
-    python benchmarks/cpu_step.py                                  # the three presets, batch 64
-    python benchmarks/cpu_step.py --models mixer --steps 20 --threads 1
+Printed first: the CPU model, NumPy's BLAS and its kernel, the thread counts of both
+frameworks, the numba state of tinymlp's compiled kernels, the malloc setting, and the load
+average (other processes on the cores make every figure noisy: compare medians of one run).
+
+    python benchmarks/cpu_step.py                       # all six models, one process, alternating
+    python benchmarks/cpu_step.py --solo                # each run in its own process
+    python benchmarks/cpu_step.py --solo --runs fast,fast-nonumba,fast-heap,reference,torch
+    python benchmarks/cpu_step.py --models mixer_cifar --steps 20 --threads 1
+    python benchmarks/cpu_step.py --quick               # tiny sizes, seconds: a smoke test
 """
 
 from __future__ import annotations
@@ -34,9 +39,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import math
 import os
+import platform
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -45,30 +53,48 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # torch_models
 
 import tinymlp
 import tinymlp.functional as F
+from tinymlp import fast
 from tinymlp.models import create
 from tinymlp.ops.attention import Attention
 from tinymlp.ops.gating import SpatialGating
-from tinymlp.ops.linear import AxisLinear, Linear
+from tinymlp.ops.linear import Linear
 from tinymlp.ops.matmul import MatMul
 from tinymlp.optim import AdamW
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
+_MNIST = dict(image_size=28, patch_size=4, in_channels=1, num_classes=10, dim=64, depth=4)
+MODELS = {   # name -> (preset, overrides, default timed steps)
+    "mixer_cifar": ("mixer_cifar", {}, 10),
+    "gmlp_cifar": ("gmlp_cifar", {}, 10),
+    "amlp_cifar": ("amlp_cifar", {}, 10),
+    "mixer_mnist": ("mixer_cifar", dict(_MNIST, token_mlp_dim=32, channel_mlp_dim=256), 30),
+    "gmlp_mnist": ("gmlp_cifar", dict(_MNIST, ffn_dim=384), 30),
+    "amlp_mnist": ("amlp_cifar", dict(_MNIST, ffn_dim=384, attn_dim=32), 30),
+}
 ALIASES = {"mixer": "mixer_cifar", "gmlp": "gmlp_cifar", "amlp": "amlp_cifar"}
+QUICK = dict(image_size=8, patch_size=4, dim=8, depth=2)      # --quick: every model this small
+QUICK_WIDTHS = {"mixer": dict(token_mlp_dim=8, channel_mlp_dim=8), "gmlp": dict(ffn_dim=8),
+                "amlp": dict(ffn_dim=8, attn_dim=8)}
+RUN_ENV = {   # solo-mode variants of the fast tier: environment of their process
+    "fast": {}, "reference": {}, "torch": {},
+    "fast-nonumba": {"TINYMLP_NUMBA": "0"},
+    "fast-heap": {"TINYMLP_KEEP_MEMORY": "0"},
+    "fast-nonumba-heap": {"TINYMLP_NUMBA": "0", "TINYMLP_KEEP_MEMORY": "0"},
+}
 ENV_VARS = ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-            "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+            "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "TINYMLP_FAST", "TINYMLP_NUMBA",
+            "TINYMLP_KEEP_MEMORY", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+            "MALLOC_TOP_PAD_")
 
 
-# ----------------------------------------------------------------------------- NumPy's BLAS
+# ----------------------------------------------------------------------------- the machine
 class OpenBLAS:
-    """NumPy's OpenBLAS, reached through ctypes: its CPU kernel and its thread count.
-
-    NumPy links OpenBLAS under a symbol suffix (``scipy_openblas_..._64_``); the library is
-    found among the shared objects this process has mapped. ``None`` attributes mean "not
-    found" (another BLAS, or an unusual build): the benchmark then leaves threads alone.
-    """
+    """NumPy's OpenBLAS, reached through ctypes: its CPU kernel and its thread count (used when
+    threadpoolctl is not installed; ``None`` attributes mean "not found")."""
 
     def __init__(self):
         self.lib = self.path = None
@@ -117,23 +143,68 @@ class OpenBLAS:
         return self._core().decode()
 
 
-def blas_description():
+def cpu_model():
     try:
-        config = np.show_config(mode="dicts")
-        blas = config["Build Dependencies"]["blas"]
-        return f"{blas.get('name')} {blas.get('version')} ({blas.get('openblas configuration', '').strip()})"
-    except Exception:  # noqa: BLE001 - older NumPy: print the plain text instead
-        return "see numpy.show_config()"
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
-# ----------------------------------------------------------------------------- the two steps
+def blas_description(blas):
+    """NumPy's BLAS: threadpoolctl's view when installed (library, version, kernel, threads)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        threadpool_info = None
+    if threadpool_info is not None:
+        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+        if pools:
+            p = pools[0]
+            return (f"{p.get('internal_api')} {p.get('version')}, kernel {p.get('architecture')}, "
+                    f"{p.get('num_threads')} thread(s) ({p.get('threading_layer')})  [threadpoolctl]")
+    try:
+        blas_cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name = f"{blas_cfg.get('name')} {blas_cfg.get('version')}"
+    except Exception:  # noqa: BLE001 - older NumPy
+        name = "BLAS (see numpy.show_config())"
+    return f"{name}, kernel {blas.corename or '?'}, {blas.threads or '?'} thread(s)"
+
+
+def numba_state():
+    """What tinymlp's compiled kernels do in this process, in one line."""
+    compiled = getattr(fast, "compiled", None)
+    if compiled is not None and hasattr(compiled, "describe"):
+        return compiled.describe()
+    try:
+        import numba
+        return f"numba {numba.__version__} installed, but this tinymlp has no compiled kernels"
+    except ImportError:
+        return "numba not installed: NumPy fast path"
+
+
+def memory_state():
+    memory = getattr(fast, "memory", None)
+    if memory is not None and hasattr(memory, "describe"):
+        return memory.describe()
+    return "glibc defaults (this tinymlp does not set malloc options)"
+
+
+# ----------------------------------------------------------------------------- the steps
 def tinymlp_step(model, optimizer, x, y):
-    """One step with no host synchronisation: returns the loss Tensor (on the model's device)."""
     optimizer.zero_grad()
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()
     return loss
+
+
+def reference_step(model, optimizer, x, y):
+    with fast.disabled():
+        return tinymlp_step(model, optimizer, x, y)
 
 
 def torch_step(torch, model, optimizer, x, y):
@@ -147,47 +218,39 @@ def torch_step(torch, model, optimizer, x, y):
 # ----------------------------------------------------------------------------- the matmul floor
 @contextlib.contextmanager
 def recording_gemms(gemms):
-    """Record every matrix product of the step as (batch, M, K, N), from the inputs of the ops
-    that multiply matrices: the forward product, and the backward products of the inputs that
-    need a gradient (the rule of a product C = A B: dA = G B^T, dB = A^T G)."""
+    """Record every matrix product of a reference-tier step as (batch, M, K, N): the forward
+    product, and the backward products of the inputs that need a gradient (C = A B: dA = G B^T,
+    dB = A^T G). The fast tier runs the same products (fewer, larger ones for token mixing)."""
 
     def product(batch, m, k, n, need_a, need_b):
-        gemms.append((batch, m, k, n))        # C = A B
+        gemms.append((batch, m, k, n))
         if need_a:
-            gemms.append((batch, m, n, k))    # dA = G B^T
+            gemms.append((batch, m, n, k))
         if need_b:
-            gemms.append((batch, k, m, n))    # dB = A^T G
+            gemms.append((batch, k, m, n))
 
     def linear(ctx, x, weight, bias=None, **kw):
         product(1, x.size // weight.shape[0], weight.shape[0], weight.shape[1], *ctx.needs_input_grad[:2])
 
-    def axis_linear(ctx, x, weight, bias=None, axis=0, **kw):
-        axis %= x.ndim
-        s, d = weight.shape
-        a, r = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
-        need_x, need_w = ctx.needs_input_grad[:2]
-        product(a, d, s, r, need_w, need_x)   # Y_a = W^T X_a: A = W^T (D, S), B = X_a (S, R)
-
-    def spatial_gating(ctx, z, weight, *rest, variant="split", token_axis=1, **kw):
-        b, s, width = z.shape if token_axis == 1 else (z.shape[1], z.shape[0], z.shape[2])
+    def spatial_gating(ctx, z, weight, *rest, variant="split", **kw):
+        b, s, width = z.shape
         e = width // 2 if variant == "split" else width
         need = ctx.needs_input_grad
-        product(1, s, s, b * e, need[1], need[0] or need[3] or need[4])   # W @ LN(z2): one (S, S) @ (S, B*e)
+        product(1, s, s, b * e, need[1], need[0] or need[3] or need[4])   # W @ LN(z2) as (S, S) @ (S, B*e)
 
     def attention(ctx, q, k, v, *rest, **kw):
         batch, n, d, m, dv = math.prod(q.shape[:-2]), q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        product(batch, n, d, m, need_q, need_k)                       # S = Q K^T
-        product(batch, n, m, dv, need_q or need_k, need_v)            # O = P V
+        product(batch, n, d, m, need_q, need_k)
+        product(batch, n, m, dv, need_q or need_k, need_v)
 
     def matmul(ctx, a, b):
         m, k, n = (a.shape[-2] if a.ndim > 1 else 1), a.shape[-1], (b.shape[-1] if b.ndim > 1 else 1)
         batch = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) if a.ndim > 2 or b.ndim > 2 else 1
         product(batch, m, k, n, *ctx.needs_input_grad[:2])
 
-    patched = [(Linear, linear), (AxisLinear, axis_linear), (SpatialGating, spatial_gating),
-               (Attention, attention), (MatMul, matmul)]
-    originals = [(fn, fn.forward) for fn, _ in patched]
+    patched = [(Linear, linear), (SpatialGating, spatial_gating), (Attention, attention), (MatMul, matmul)]
+    originals = [(fn, fn.__dict__["forward"]) for fn, _ in patched]
 
     def wrap(forward, record):
         def recorded(ctx, *args, **kwargs):
@@ -198,10 +261,11 @@ def recording_gemms(gemms):
     try:
         for fn, record in patched:
             fn.forward = wrap(fn.forward, record)
-        yield gemms
+        with fast.disabled():
+            yield gemms
     finally:
         for fn, forward in originals:
-            fn.forward = staticmethod(forward)
+            fn.forward = forward
 
 
 class MatmulFloor:
@@ -227,7 +291,7 @@ class MatmulFloor:
 
 # ----------------------------------------------------------------------------- memory
 def tinymlp_peak_bytes(step):
-    """Peak bytes of NumPy buffers (and Python objects) allocated during one step, above the start."""
+    """Peak bytes of NumPy buffers allocated during one step, above the start (tracemalloc)."""
     tracemalloc.start()
     try:
         start, _ = tracemalloc.get_traced_memory()
@@ -240,8 +304,7 @@ def tinymlp_peak_bytes(step):
 
 
 def torch_peak_bytes(torch, step):
-    """Peak bytes of PyTorch's CPU allocator during one step, above the start: the running sum
-    of the allocation (+) and free (-) events the profiler records, in time order."""
+    """Peak bytes of PyTorch's CPU allocator during one step (profiler allocation events)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -255,162 +318,308 @@ def torch_peak_bytes(torch, step):
     return peak
 
 
+def page_faults():
+    """Minor page faults of this process so far (the OS mapping fresh memory in)."""
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except (ImportError, OSError):
+        return None
+
+
 # ----------------------------------------------------------------------------- one model
-def build(name, batch, torch, seed=0, **overrides):
-    model = create(name, **overrides)
-    optimizer = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+def model_config(name, quick):
+    preset, overrides, steps = MODELS[name]
+    overrides = dict(overrides)
+    if quick:
+        overrides.update(QUICK)
+        overrides.update(QUICK_WIDTHS[name.split("_")[0]])
+    return preset, overrides, steps
+
+
+def build(name, runs, batch, quick, torch, seed=0):
+    """The model, its optimizer and one fixed batch per wanted run: ``{run: step()}``."""
+    preset, overrides, _ = model_config(name, quick)
+    model = create(preset, **overrides)
     rng = np.random.default_rng(seed)
-    image_size = model.config["image_size"]
-    images = rng.standard_normal((batch, 3, image_size, image_size)).astype(np.float32)
+    image_size, channels = model.config["image_size"], model.config["in_channels"]
+    images = rng.standard_normal((batch, channels, image_size, image_size)).astype(np.float32)
     labels = rng.integers(0, 10, batch)
-    x = tinymlp.tensor(images)
-    runs = {"tinymlp": lambda: tinymlp_step(model, optimizer, x, labels)}
-    if torch is not None:
+    steps = {"model": model}
+    if "fast" in runs or "reference" in runs:
+        x = tinymlp.tensor(images)
+        if "fast" in runs:
+            opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+            steps["fast"] = lambda: tinymlp_step(model, opt, x, labels)
+        if "reference" in runs:   # its own copy of the model, so the two never share a step
+            ref_model = create(preset, **overrides)
+            ref_opt = AdamW(ref_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+            steps["reference"] = lambda: reference_step(ref_model, ref_opt, x, labels)
+    if "torch" in runs and torch is not None:
         from torch_models import copy_weights, torch_like
 
         twin = copy_weights(torch_like(model), model)
         t_opt = torch.optim.AdamW(twin.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         tx, ty = torch.from_numpy(images), torch.from_numpy(labels)
-        runs["PyTorch"] = lambda: torch_step(torch, twin, t_opt, tx, ty)
-    return model, runs
+        steps["torch"] = lambda: torch_step(torch, twin, t_opt, tx, ty)
+    if "matmul" in runs:
+        gemms = []
+        with recording_gemms(gemms):
+            rec_model = create(preset, **overrides)
+            tinymlp_step(rec_model, AdamW(rec_model.parameters(), lr=LR), tinymlp.tensor(images), labels)
+        floor = MatmulFloor(gemms)
+        steps["matmul"] = floor.run
+        steps["_floor"] = floor
+    return steps
 
 
-def alternate(runs, steps, warmup):
-    """Median seconds of each run, the runs taken in turn ``steps`` times after ``warmup`` rounds."""
+def alternate(runs, steps, warmup, gap):
+    """Per run: the step times (s), the runs taken in turn, an idle gap of ``gap`` s before each."""
     for _ in range(warmup):
         for run in runs.values():
             run()
     times = {k: [] for k in runs}
+    faults = {k: 0 for k in runs}
     for _ in range(steps):
         for k, run in runs.items():
+            if gap:
+                time.sleep(gap)
+            f0 = page_faults()
             start = time.perf_counter()
             run()
             times[k].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in times.items()}
+            f1 = page_faults()
+            if f0 is not None:
+                faults[k] += f1 - f0
+    return times, {k: v / steps for k, v in faults.items()}
 
 
-def bench_model(name, args, torch):
-    model, runs = build(name, args.batch_size, torch)
-    first = {k: float(run().item()) for k, run in runs.items()}
-    gemms = []
-    with recording_gemms(gemms):
-        runs["tinymlp"]()
-    floor = MatmulFloor(gemms)
-    timed = dict(runs, floor=floor.run)
-    medians = alternate(timed, args.steps, args.warmup)
-    result = {
-        "name": name, "params": model.num_parameters(), "first_loss": first,
-        "gflop": floor.flops / 1e9, "n_gemms": len(gemms),
-        "tinymlp_ms": 1e3 * medians["tinymlp"], "floor_ms": 1e3 * medians["floor"],
-        "torch_ms": 1e3 * medians["PyTorch"] if torch is not None else None,
-        "tinymlp_peak": tinymlp_peak_bytes(runs["tinymlp"]),
-        "torch_peak": torch_peak_bytes(torch, runs["PyTorch"]) if torch is not None else None,
-    }
-    # the engine's fixed cost: same depth, every width 8, batch 2
-    small = dict(image_size=8, patch_size=4, dim=8)
-    small.update(dict(token_mlp_dim=8, channel_mlp_dim=8) if "mixer" in name else dict(ffn_dim=8))
-    if "amlp" in name:
-        small["attn_dim"] = 8
-    _, tiny_runs = build(name, 2, torch, **small)
-    tiny = alternate(tiny_runs, 20, 3)
-    result["tiny_tinymlp_ms"] = 1e3 * tiny["tinymlp"]
-    result["tiny_torch_ms"] = 1e3 * tiny["PyTorch"] if torch is not None else None
+def bench_model(name, runs, args, torch):
+    """One model's figures for ``runs`` timed in this process (in turn)."""
+    steps = build(name, runs, args.batch_size, args.quick, torch)
+    model, floor = steps.pop("model"), steps.pop("_floor", None)
+    timed = {k: steps[k] for k in runs if k in steps}
+    first = {k: float(timed[k]().item()) for k in timed if k != "matmul"}
+    n = args.steps or model_config(name, args.quick)[2]
+    times, faults = alternate(timed, n, args.warmup, args.gap)
+    result = {"name": name, "params": model.num_parameters(), "steps": n, "first_loss": first,
+              "ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+              "spread": {k: (1e3 * min(v), 1e3 * max(v)) for k, v in times.items()},
+              "faults_mib": {k: v * 4096 / 2**20 for k, v in faults.items()},
+              "peak": {}}
+    if floor is not None:
+        result["gflop"] = floor.flops / 1e9
+    if args.memory:
+        for k in timed:
+            if k in ("fast", "reference"):
+                result["peak"][k] = tinymlp_peak_bytes(timed[k])
+            elif k == "torch":
+                result["peak"][k] = torch_peak_bytes(torch, timed[k])
     return result
 
 
+def merge(results):
+    """Several processes' results for one model -> one."""
+    out = dict(results[0])
+    for key in ("ms", "spread", "faults_mib", "peak", "first_loss"):
+        out[key] = {}
+        for r in results:
+            out[key].update(r.get(key, {}))
+    for r in results:
+        if "gflop" in r:
+            out["gflop"] = r["gflop"]
+    return out
+
+
 # ----------------------------------------------------------------------------- report
-def _mib(n):
-    return f"{n / 2**20:,.0f} MiB" if n is not None else "-"
-
-
 def _f(v, fmt):
     return format(v, fmt) if v is not None else "-"
 
 
-def print_header(blas, torch, args):
-    print(f"NumPy    {np.__version__}, BLAS {blas_description()}")
-    print(f"         OpenBLAS kernel {blas.corename or '?'}, {blas.threads or '?'} thread(s)"
-          + (f"  [{blas.path}]" if blas.path else ""))
+def print_header(blas, torch, args, runs):
+    print(f"CPU      {cpu_model()}, {os.cpu_count()} logical CPU(s); {platform.platform()}")
+    print(f"NumPy    {np.__version__}, {blas_description(blas)}")
     if torch is not None:
-        backend = "MKL" if torch.backends.mkl.is_available() else "no MKL"
-        print(f"PyTorch  {torch.__version__}, eager, {backend}, {torch.get_num_threads()} intra-op thread(s)")
+        mkl = "MKL" if torch.backends.mkl.is_available() else "no MKL"
+        print(f"PyTorch  {torch.__version__}, eager, {mkl}, {torch.get_num_threads()} intra-op thread(s), "
+              f"{torch.get_num_interop_threads()} inter-op")
     else:
         print("PyTorch  not installed: tinymlp only")
+    print(f"tinymlp  fast tier {'on' if fast.is_enabled() else 'OFF'}; compiled kernels: {numba_state()}")
+    print(f"memory   {memory_state()}")
     env = ", ".join(f"{k}={os.environ[k]}" for k in ENV_VARS if k in os.environ) or "none set"
     print(f"env      {env}")
-    print(f"machine  {os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.2f} at the start")
-    print(f"step     forward + backward + AdamW, float32, batch {args.batch_size}; median of {args.steps} "
-          f"alternating runs after {args.warmup} warm-up rounds")
+    print(f"load     {', '.join(f'{v:.2f}' for v in os.getloadavg())} (1, 5, 15 min) at the start")
+    mode = "each run in its own process" if args.solo else "one process, the runs in turn"
+    steps = f"{args.steps}" if args.steps else "10 (CIFAR) / 30 (MNIST-sized)"
+    print(f"timing   forward + backward + AdamW, float32, batch {args.batch_size}; {mode}; "
+          f"median of {steps} timed steps after {args.warmup} warm-up round(s), "
+          f"an idle gap of {args.gap} s before every timed step")
+    print(f"runs     {', '.join(runs)}")
     print()
 
 
-def print_table(results, batch):
-    head = (f"{'model':12s} {'params':>7s} {'GFLOP':>6s} {'tinymlp ms':>10s} {'torch ms':>9s} {'ratio':>6s} "
-            f"{'tiny img/s':>10s} {'torch img/s':>11s} {'matmul ms':>9s} {'share':>6s} "
-            f"{'tiny peak':>10s} {'torch peak':>10s}")
+def print_table(results, runs, batch):
+    tiers = [r for r in runs if r != "matmul"]
+    head = f"{'model':12s} {'params':>7s} " + " ".join(f"{r + ' ms':>12s}" for r in runs)
+    if "torch" in runs:
+        head += " " + " ".join(f"{r + '/torch':>14s}" for r in tiers if r != "torch")
+    if "matmul" in runs and "fast" in runs:
+        head += f" {'matmul share':>12s}"
     print(head)
     print("-" * len(head))
-    for r in results:
-        t, p, f = r["tinymlp_ms"], r["torch_ms"], r["floor_ms"]
-        print(f"{r['name']:12s} {r['params'] / 1e6:6.2f}M {r['gflop']:6.1f} {t:10.1f} {_f(p, '9.1f')} "
-              f"{_f(t / p if p else None, '6.2f')} {batch / t * 1e3:10.0f} {_f(batch / p * 1e3 if p else None, '11.0f')} "
-              f"{f:9.1f} {f / t:6.2f} {_mib(r['tinymlp_peak']):>10s} {_mib(r['torch_peak']):>10s}")
+    for res in results:
+        ms = res["ms"]
+        line = f"{res['name']:12s} {res['params'] / 1e6:6.2f}M " + " ".join(f"{_f(ms.get(r), '12.1f')}" for r in runs)
+        if "torch" in runs:
+            t = ms.get("torch")
+            line += " " + " ".join(f"{_f(ms[r] / t if t and r in ms else None, '14.2f')}" for r in tiers if r != "torch")
+        if "matmul" in runs and "fast" in runs:
+            line += f" {_f(ms['matmul'] / ms['fast'] if 'matmul' in ms else None, '12.2f')}"
+        print(line)
     print()
-    print("ratio = tinymlp ms / torch ms (below 1: tinymlp is faster); matmul ms = the step's GEMMs alone "
-          "(the floor); share = matmul ms / tinymlp ms")
-    print("peak = most bytes allocated at once during a step above its start (tinymlp: tracemalloc; "
-          "PyTorch: profiler allocator events)")
-    for r in results:
-        t_tiny, p_tiny = r["tiny_tinymlp_ms"], r["tiny_torch_ms"]
-        print(f"{r['name']}: {r['n_gemms']} GEMMs at {r['gflop'] / r['floor_ms'] * 1e3:.0f} GFLOP/s alone; "
-              f"same depth at width 8 (fixed cost per step): tinymlp {t_tiny:.1f} ms = "
-              f"{t_tiny / r['tinymlp_ms']:.1%} of its step, PyTorch {_f(p_tiny, '.1f')} ms")
-        losses = ", ".join(f"{k} {v:.4f}" for k, v in r["first_loss"].items())
-        print(f"  first-step loss: {losses}  (ln 10 = {math.log(10):.4f}: zero heads)")
+    print("ms = median milliseconds per training step; X/torch = X ms / torch ms (below 1: faster than "
+          "PyTorch eager); matmul = the step's matrix products alone, matmul share = matmul ms / fast ms")
+    print(f"fast = tinymlp's fast tier (the default); reference = tinymlp.fast.disabled(); batch {batch}")
+    print()
+    print("spread (min-max ms), page faults per timed step (MiB of memory mapped in), peak bytes of a step:")
+    for res in results:
+        parts = []
+        for r in runs:
+            if r in res["spread"]:
+                lo, hi = res["spread"][r]
+                fm = res["faults_mib"].get(r)
+                peak = res["peak"].get(r)
+                parts.append(f"{r} {lo:.1f}-{hi:.1f}, faults {_f(fm, '.0f')} MiB"
+                             + (f", peak {peak / 2**20:.0f} MiB" if peak is not None else ""))
+        gflop = f", {res['gflop']:.1f} GFLOP" if "gflop" in res else ""
+        print(f"  {res['name']} ({res['steps']} steps{gflop}): " + "; ".join(parts))
+        losses = ", ".join(f"{k} {v:.4f}" for k, v in res["first_loss"].items())
+        print(f"    first-step loss: {losses}  (ln 10 = {math.log(10):.4f}: zero heads)")
+
+
+# ----------------------------------------------------------------------------- main
+def child_command(args, name, run):
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--models", name, "--runs", run,
+           "--batch-size", str(args.batch_size), "--warmup", str(args.warmup), "--gap", str(args.gap)]
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.quick:
+        cmd.append("--quick")
+    if args.memory:
+        cmd.append("--memory")
+    return cmd
+
+
+def run_solo(args, models, runs):
+    """Each (model, run) in a fresh process; the variants' environments applied there."""
+    results = []
+    for name in models:
+        parts = []
+        for run in runs:
+            env = dict(os.environ)
+            env.update(RUN_ENV.get(run, {}))
+            tier = "fast" if run.startswith("fast") else run
+            cmd = child_command(args, name, tier)
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                sys.stderr.write(out.stdout + out.stderr)
+                raise SystemExit(f"{name} / {run}: the child process failed (exit {out.returncode})")
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
+            res = json.loads(line)
+            for key in ("ms", "spread", "faults_mib", "peak", "first_loss"):
+                res[key] = {(run if k == tier else k): v for k, v in res.get(key, {}).items()}
+            parts.append(res)
+            ms = res["ms"].get(run)
+            print(f"  {name} / {run}: {_f(ms, '.1f')} ms  [{res.get('describe', '')}]", flush=True)
+        results.append(merge(parts))
+    return results
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="mixer,gmlp,amlp",
-                        help="comma-separated presets or mixer/gmlp/amlp (default: mixer,gmlp,amlp)")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per framework (default 10)")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated, from {', '.join(MODELS)} (mixer/gmlp/amlp = the CIFAR ones)")
+    parser.add_argument("--runs", default=None,
+                        help="comma-separated, from fast, reference, torch, matmul (and in --solo mode "
+                             f"{', '.join(k for k in RUN_ENV if k.startswith('fast-'))}); "
+                             "default: fast,reference,torch,matmul")
+    parser.add_argument("--solo", action="store_true", help="each run in its own process")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default 10 CIFAR, 30 small)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
+    parser.add_argument("--gap", type=float, default=0.25, help="idle seconds before every timed step (0.25)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None,
-                        help="threads for NumPy's BLAS and PyTorch (default: NumPy's BLAS default)")
-    parser.add_argument("--no-torch", action="store_true", help="time tinymlp only")
+                        help="threads for NumPy's BLAS, numba and PyTorch (default: NumPy's BLAS default)")
+    parser.add_argument("--memory", action="store_true", help="also measure each step's peak bytes")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny models (8 x 8 images, width 8, depth 2), 2 steps, no gap: a smoke test")
     parser.add_argument("--show-config", action="store_true", help="print numpy.show_config() in full first")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.show_config:
-        np.show_config()
-        print()
+    if args.quick:
+        args.steps = args.steps or 2
+        args.warmup = min(args.warmup, 1)
+        args.gap = 0.0 if "--gap" not in (argv or sys.argv) else args.gap
+    models = [ALIASES.get(m.strip(), m.strip()) for m in args.models.split(",") if m.strip()]
+    for m in models:
+        if m not in MODELS:
+            parser.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    runs = [r.strip() for r in (args.runs or "fast,reference,torch,matmul").split(",") if r.strip()]
+    for r in runs:
+        if r not in RUN_ENV and r != "matmul":
+            parser.error(f"unknown run {r!r}; choose from fast, reference, torch, matmul, "
+                         + ", ".join(k for k in RUN_ENV if k.startswith("fast-")))
+        if r.startswith("fast-") and not args.solo:
+            parser.error(f"run {r!r} sets environment variables read at import: use it with --solo")
 
     blas = OpenBLAS()
     if args.threads is not None:
-        blas.threads = args.threads
+        try:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(args.threads, user_api="blas")
+        except ImportError:
+            blas.threads = args.threads
     torch = None
-    if not args.no_torch:
+    if "torch" in runs:
         try:
             import torch
         except ImportError:
             torch = None
+            if not args.child:
+                print("PyTorch is not installed: the torch run is skipped (pip install torch)")
+            runs = [r for r in runs if r != "torch"]
     if torch is not None:
-        threads = blas.threads or args.threads
+        threads = args.threads or blas.threads
         if threads:
             torch.set_num_threads(threads)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))    # for torch_models
+    compiled = getattr(fast, "compiled", None)
+    if args.threads and compiled is not None and hasattr(compiled, "set_threads"):
+        compiled.set_threads(args.threads)
 
-    print_header(blas, torch, args)
-    results = []
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        name = ALIASES.get(name, name)
-        results.append(bench_model(name, args, torch))
-        r = results[-1]
-        print(f"  {name}: tinymlp {r['tinymlp_ms']:.0f} ms/step, PyTorch {_f(r['torch_ms'], '.0f')} ms/step, "
-              f"matmuls alone {r['floor_ms']:.0f} ms", flush=True)
-    print(f"  load average {os.getloadavg()[0]:.2f} at the end")
+    if args.child:
+        res = bench_model(models[0], runs, args, torch)
+        res["describe"] = f"{numba_state()}; {memory_state()}"
+        print(json.dumps(res))
+        return 0
+
+    if args.show_config:
+        np.show_config()
+        print()
+    print_header(blas, torch, args, runs)
+    if args.solo:
+        results = run_solo(args, models, runs)
+    else:
+        results = []
+        for name in models:
+            res = bench_model(name, runs, args, torch)
+            results.append(res)
+            print(f"  {name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in res["ms"].items()), flush=True)
+    print(f"  load average {', '.join(f'{v:.2f}' for v in os.getloadavg())} at the end")
     print()
-    print_table(results, args.batch_size)
+    print_table(results, runs, args.batch_size)
     return 0
 
 
