@@ -253,6 +253,8 @@ class Tensor:
     # comparisons give boolean tensors outside the graph (masks, accuracy)
     def _compare(self, other, op):
         other = other.data if isinstance(other, Tensor) else other
+        if hasattr(other, "shape") and type(other).__module__ != type(self.data).__module__:
+            other = self._xp.asarray(other)      # a NumPy array meeting a CuPy tensor: to its device
         return Tensor._from_op(op(self.data, other), None)
 
     def __lt__(self, other):

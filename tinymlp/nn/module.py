@@ -45,7 +45,8 @@ class Parameter(Tensor):
     def __init__(self, data, dtype=None):
         if dtype is None:
             probe = data.data if isinstance(data, Tensor) else data
-            if not is_float_dtype(getattr(probe, "dtype", np.asarray(probe).dtype)):
+            dtype_in = getattr(probe, "dtype", None)   # (np.asarray would refuse a CuPy array)
+            if not is_float_dtype(dtype_in if dtype_in is not None else np.asarray(probe).dtype):
                 dtype = DEFAULT_FLOAT
         super().__init__(data, requires_grad=True, dtype=dtype)
 

@@ -32,9 +32,24 @@ def _uniform(xp, rng, shape, dtype):
     if rng is None:
         rng = _default_rng(xp)
     elif xp is not np and isinstance(rng, np.random.Generator):
-        # a NumPy generator driving a GPU tensor: draw one seed on the host, the mask on the device
-        rng = xp.random.default_rng(int(rng.integers(2**63)))
+        rng = _device_rng(xp, rng)
     return rng.random(shape, dtype=draw_dtype)
+
+
+_device_rngs = {}   # id(host generator) -> (host generator, {device id: device generator})
+
+
+def _device_rng(xp, host_rng):
+    """A NumPy generator driving GPU tensors: one device generator per host generator (and
+    device), seeded once from it, so that each forward draws its mask on the device without
+    building a new generator (megabytes of curand state) every time."""
+    if len(_device_rngs) > 4096:        # generators cannot be weakly referenced: bound the table
+        _device_rngs.clear()
+    _, per_device = _device_rngs.setdefault(id(host_rng), (host_rng, {}))
+    device = int(xp.cuda.Device().id)
+    if device not in per_device:
+        per_device[device] = xp.random.default_rng(int(host_rng.integers(2**63)))
+    return per_device[device]
 
 
 class Dropout(Function):

@@ -60,12 +60,7 @@ class GetItem(Function):
         xp = array_module(g)
         grad = xp.zeros(ctx.shape, dtype=g.dtype)
         if _has_array_index(ctx.index):
-            if xp is np:
-                np.add.at(grad, ctx.index, g)
-            else:
-                import cupyx  # noqa: PLC0415 - only reached with CuPy arrays
-
-                cupyx.scatter_add(grad, ctx.index, g)
+            xp.add.at(grad, ctx.index, g)      # a repeated index accumulates its gradients
         else:
             grad[ctx.index] = g
         return grad, None
