@@ -31,8 +31,7 @@ class SpatialGatingUnit(Module):
     ``.bias`` (S,) starts at one, so f(z2) = 1 and s(z) = z1 at initialisation (the gMLP
     paper's advice for stable training). ``.norm`` is the LayerNorm of the gated half (its
     parameters are used inside the fused op). ``causal=True`` keeps only W[i, j] with j <= i.
-    ``sgu(z, token_axis=0)`` takes a token-major z, (S, B, dim), and returns (S, B, e) (the
-    layout GMLP keeps, for speed: see ``F.spatial_gating``).
+    ``sgu(z)`` maps z (B, S, dim) to (B, S, e).
     """
 
     def __init__(self, seq_len: int, dim: int, variant: str = "split", toeplitz=None, causal: bool = False,
