@@ -21,8 +21,12 @@ end in one of two heads:
 
 Sentence pairs ``[CLS] a [SEP] b [SEP]`` get segment embeddings T[0] for ``[CLS] a [SEP]`` and
 T[1] for ``b [SEP]``; the segments are read off the ids (after the first [SEP]) unless given.
-The padding mask also hides the padding keys from the tiny attention. gMLP needs no position
-embedding (W sees positions); ``position="learned"`` or ``"sinusoidal"`` adds one.
+The padding mask also hides the padding keys from the tiny attention, whose output projection
+starts at zero here (tinymlp's choice; the paper's code draws it at random): an aMLP block then
+starts as the gMLP block, whose gate starts at W ~ 0, b = 1. A random start adds noise of the
+bias's size to every gate; in small runs on the generated pair tasks it kept aMLP near chance
+for epochs, where the silent start learned. gMLP needs no position embedding (W sees
+positions); ``position="learned"`` or ``"sinusoidal"`` adds one.
 
 Presets (``TEXT_PRESETS``): the course work's Table 6 SGU variants at a small scale, and the
 sizes of its Tables 7-9 (18 and 36 layers, C = 512, d_ffn = 3072, BERT's 30,522-piece vocabulary,
@@ -82,6 +86,9 @@ class TextGMLP(Module):
             GMLPBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, eps=eps, rng=rng)
             for _ in range(depth)
         ])
+        for block in self.blocks:                            # aMLP starts as gMLP: a silent attention
+            if block.attn is not None:
+                init.zeros(block.attn.out.weight)
         self.norm = LayerNorm(dim, eps=eps)
         self.head = None
         if num_classes:
