@@ -33,8 +33,10 @@ Generated tasks (no download; ``OrderTask`` and ``PairMatchTask``):
 - **order**: a sentence of filler words holds two marker words, once each; the label says which
   comes first. Both classes have the same bag of words, so a model must mix tokens by position.
 - **pair matching**: two short sentences of content words; the label says whether they share a
-  word. Where the shared word sits in either sentence varies, so a match must be found by
-  content: what one attention head does in one step, and a fixed spatial matrix cannot.
+  word. Where the shared word sits in either sentence varies, so it must be found by content:
+  one attention head can compare every word of one sentence with every word of the other; the
+  SGU can too, less directly (its gate multiplies a token's features with a fixed mix of the
+  other tokens'), and at the small sizes tried so far a gMLP learned it no worse than an aMLP.
 """
 
 from __future__ import annotations
