@@ -84,6 +84,7 @@ rng = np.random.default_rng(0)
 #
 # **Exercise 03.1.** Write `MyLinear.backward`: the three gradients above, for the flattened
 # `x2` $(N, D_\text{in})$ and `g2` $(N, D_\text{out})$, with `dx` reshaped back to `x`'s shape.
+# Once yours passes, compare it with the library's reference in `tinymlp/ops/linear.py`.
 
 # %%
 class MyLinear(Function):
@@ -152,6 +153,7 @@ if linear_done:
 # is a single multiplication.)
 #
 # **Exercise 03.2.** Write `MyGELU.backward` from the formula above (`grad` times $dy/dx$).
+# The reference is `tinymlp/ops/activation.py`.
 
 # %%
 C0, C1 = math.sqrt(2 / math.pi), 0.044715

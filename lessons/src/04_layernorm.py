@@ -153,7 +153,8 @@ assert np.allclose(eig[:2], 0, atol=1e-5) and np.allclose(eig[2:], r)
 #
 # **Exercise 04.1.** Write `MyLayerNorm.backward`: $\partial\mathcal L/\partial\gamma$ and
 # $\partial\mathcal L/\partial\beta$ summed over every axis but the last (step 1), then
-# $g = G\odot\gamma$ and the boxed formula, from the saved $\hat x$ and $r$ only.
+# $g = G\odot\gamma$ and the boxed formula, from the saved $\hat x$ and $r$ only. The reference
+# is `tinymlp/ops/norm.py`; read it once yours passes.
 
 # %%
 class MyLayerNorm(Function):

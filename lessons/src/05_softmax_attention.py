@@ -103,7 +103,7 @@ print(gradcheck(F.softmax, (tensor(rng.normal(size=(3, 6)), requires_grad=True, 
 
 # %% [markdown]
 # **Exercise 05.1.** Write `MySoftmax.backward` over the last axis: $p\odot(g - \langle g, p\rangle)$,
-# one dot product per row, from the saved $p$ alone.
+# one dot product per row, from the saved $p$ alone (the reference: `tinymlp/ops/attention.py`).
 
 # %%
 class MySoftmax(Function):
@@ -150,6 +150,7 @@ check("05.1", MySoftmax)
 #
 # **Exercise 05.2.** Write `MyCrossEntropy.backward`: one gradient for the logits (the labels
 # are integers and get none: return `None` for them). Now gradcheck yours: the check does.
+# The library's version is in `tinymlp/ops/loss.py`.
 
 # %%
 class MyCrossEntropy(Function):
@@ -238,7 +239,8 @@ print("F.attention == softmax(Q K^T / sqrt(d)) V")
 #
 # **Exercise 05.3.** Write `MyAttention.backward` for batched inputs $(\dots, n, d)$: use
 # `swapaxes(-1, -2)` for the transposes so that leading batch axes ride along. Then gradcheck
-# yours: the check runs `tinymlp.gradcheck` with $n \ne m$ and $d \ne d_v$.
+# yours: the check runs `tinymlp.gradcheck` with $n \ne m$ and $d \ne d_v$. The reference,
+# with masks, is `Attention` in `tinymlp/ops/attention.py`.
 
 # %%
 class MyAttention(Function):

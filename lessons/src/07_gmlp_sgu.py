@@ -150,7 +150,8 @@ assert ratio > 100
 #
 # **Exercise 07.1.** Write `MySGU.backward` (the split variant) from steps 1-5. Forward saves
 # $Z_1$, $F$, $N$, $\hat N$, $r$, $W$ and $\gamma$. Now gradcheck yours: the check runs
-# `tinymlp.gradcheck` with $W$ of order 1 and $b \ne 1$, so that every path is visible.
+# `tinymlp.gradcheck` with $W$ of order 1 and $b \ne 1$, so that every path is visible. The
+# library's `SpatialGating` in `tinymlp/ops/gating.py` does the same for all four variants.
 
 # %%
 class MySGU(Function):
@@ -467,6 +468,7 @@ assert T < 0.2 and T_shuffled > 0.8, "the learned W is Toeplitz-like"
 # **Exercise 07.3.** Its backward: given $dW$ $(S\times S)$, return $dw$ $(2S-1,)$, the sums
 # along the diagonals (`np.add.at`, or `np.trace(dW, offset=...)` per diagonal: mind its sign
 # convention). Then gradcheck yours: the check wraps your two functions in a `Function`.
+# (`Toeplitz1d` and `Toeplitz2d` in `tinymlp/ops/gating.py` are the library's.)
 
 # %%
 def toeplitz(w, S):
