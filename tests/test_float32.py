@@ -205,11 +205,13 @@ def test_float32_model_creates_no_float64_array(kind, watch):
 def test_a_float64_constant_hidden_inside_gelu_is_caught(watch, monkeypatch):
     """c0 as np.float64: x2 * (c0 * c1) becomes float64, but every result GELU writes with
     out= is still float32, so only the watch on the calls sees it."""
+    from tinymlp import fast
     from tinymlp.fast import activation
 
     monkeypatch.setattr(activation, "C0", np.float64(math.sqrt(2.0 / math.pi)))
     model = MODELS["mixer"]()
-    _train_two_steps(model, watch)
+    with fast.enabled():                # the constant planted is the fast tier's
+        _train_two_steps(model, watch)
     assert any("activation.py" in line and "gelu_tanh_into" in line for line in watch), watch[:5]
     for p in model.parameters():       # the results themselves never showed it
         assert p.data.dtype == np.float32
@@ -225,7 +227,8 @@ def test_a_float64_constant_in_the_optimizer_is_caught(watch, monkeypatch):
         out *= np.float64(1.0)          # harmless in value, float64 arithmetic in fact
 
     monkeypatch.setitem(fast_optim.DIRECTIONS, "adam", upcast)
-    _train_two_steps(MODELS["gmlp"](), watch)
+    with tinymlp.fast.enabled():        # the update planted is the fast tier's
+        _train_two_steps(MODELS["gmlp"](), watch)
     assert any("np.multiply with float64" in line for line in watch), watch[:5]
 
 
