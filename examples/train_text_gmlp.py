@@ -2,7 +2,7 @@
 
     python examples/train_text_gmlp.py --dataset polarity               # Pang & Lee, 10,662 sentences
     python examples/train_text_gmlp.py --dataset sst2 --attn-dim 64     # aMLP on SST-2 (GLUE)
-    python examples/train_text_gmlp.py --dataset synthetic --synthetic-task pairs --attn-dim 16
+    python examples/train_text_gmlp.py --dataset synthetic --synthetic-task lookup --position learned --attn-dim 16
     python examples/train_text_gmlp.py --dataset polarity --pretrained runs/mlm/checkpoint.npz
 
 The model is the "gmlp_text_split" preset (C = 128, 6 blocks, d_ffn = 768, S = 128 tokens, mean
@@ -33,14 +33,15 @@ def build_parser():
                    help="sentence vector: the mean over the real tokens, or the [CLS] token")
     g.add_argument("--pretrained", default=None, metavar="CKPT",
                    help="start from this masked-LM checkpoint (examples/pretrain_mlm.py) and its tokenizer.json")
-    g.add_argument("--synthetic-task", choices=["order", "pairs"], default="order",
-                   help="--dataset synthetic: which marker comes first (order), or do two sentences share a word (pairs)")
+    g.add_argument("--synthetic-task", choices=["order", "pairs", "lookup"], default="order",
+                   help="--dataset synthetic: which marker comes first (order), do two sentences share a word "
+                        "(pairs), where in A is B's word (lookup; give it --position learned)")
     return p
 
 
 def datasets(args):
     if args.dataset == "synthetic":
-        make = data.OrderTask if args.synthetic_task == "order" else data.PairMatchTask
+        make = {"order": data.OrderTask, "pairs": data.PairMatchTask, "lookup": data.PairLookupTask}[args.synthetic_task]
         n = args.synthetic_size
         return make(n, seed=args.seed, train=True), make(max(10, n // 5), seed=args.seed, train=False)
     if args.download_url:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tinymlp.data import (
-    SST2, TEXT_ARCHIVES, DatasetError, MaskedLMLoader, OrderTask, PairMatchTask, SentencePolarity, TokenLoader,
+    SST2, TEXT_ARCHIVES, DatasetError, MaskedLMLoader, OrderTask, PairLookupTask, PairMatchTask, SentencePolarity, TokenLoader,
     get_text_dataset,
 )
 from tinymlp.text import Tokenizer
@@ -136,6 +136,13 @@ def test_pair_task_labels_say_whether_a_word_is_shared():
     assert ds.labels.mean() == 0.5
     for a, b, label in zip(ds.texts, ds.pairs, ds.labels):
         assert len(set(a.split()) & set(b.split())) == label
+
+
+def test_lookup_task_labels_are_the_place_of_the_word():
+    ds = PairLookupTask(100, words=4, vocab=9, seed=3)
+    assert ds.num_classes == 4 and set(ds.labels.tolist()) == {0, 1, 2, 3}
+    for a, b, label in zip(ds.texts, ds.pairs, ds.labels):
+        assert len(set(a.split())) == 4 and a.split()[label] == b
 
 
 def test_token_loader_batches_the_encoded_set():

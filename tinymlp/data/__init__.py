@@ -19,8 +19,8 @@ from .cifar import (
 from .loader import DataLoader, ImageDataset, channel_stats
 from .synthetic import SyntheticImages
 from .text import (
-    TEXT_ARCHIVES, MaskedLMLoader, OrderTask, PairMatchTask, SentencePolarity, SST2, TextArchive, TextDataset,
-    TokenDataset, TokenLoader, get_text_dataset,
+    TEXT_ARCHIVES, MaskedLMLoader, OrderTask, PairLookupTask, PairMatchTask, SentencePolarity, SST2, TextArchive,
+    TextDataset, TokenDataset, TokenLoader, get_text_dataset,
 )
 from .transforms import (
     Compose, CutMix, HorizontalFlip, Mixup, Normalize, RandomCrop,
@@ -50,6 +50,6 @@ __all__ = [
     "HorizontalFlip", "ImageDataset", "Mixup", "Normalize", "RandomCrop", "SyntheticImages",
     "channel_stats", "cutmix", "data_root", "get_dataset", "horizontal_flip", "mixup",
     "normalize", "one_hot", "random_crop",
-    "MaskedLMLoader", "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive", "TextDataset",
-    "TokenDataset", "TokenLoader", "get_text_dataset",
+    "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES",
+    "TextArchive", "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
 ]

@@ -28,7 +28,7 @@ Where the data lives, the download (temporary file, checksum, rename) and the un
 (temporary folder, checked, renamed into place) follow ``tinymlp.data.cifar``: ``root``
 (``--data-dir``), else $TINYMLP_DATA, else $XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp.
 
-Generated tasks (no download; ``OrderTask`` and ``PairMatchTask``):
+Generated tasks (no download; ``OrderTask``, ``PairMatchTask`` and ``PairLookupTask``):
 
 - **order**: a sentence of filler words holds two marker words, once each; the label says which
   comes first. Both classes have the same bag of words, so a model must mix tokens by position.
@@ -37,6 +37,8 @@ Generated tasks (no download; ``OrderTask`` and ``PairMatchTask``):
   one attention head can compare every word of one sentence with every word of the other; the
   SGU can too, less directly (its gate multiplies a token's features with a fixed mix of the
   other tokens'), and at the small sizes tried so far a gMLP learned it no worse than an aMLP.
+- **pair lookup**: where in sentence A is sentence B's word? The answer is a position found by
+  content, what one attention head does in one step; there aMLP learns clearly faster than gMLP.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from ..tensor import Tensor
 from .cifar import DatasetError, _md5, data_root
 
 __all__ = [
-    "MaskedLMLoader", "OrderTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
+    "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
     "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
 ]
 
@@ -221,6 +223,27 @@ def PairMatchTask(num_examples=2000, words_per_side=4, vocab=16, seed=0, train=T
         texts.append(" ".join(CONTENT[k] for k in a))
         pairs.append(" ".join(CONTENT[k] for k in b))
     return TextDataset(texts, labels, ("different", "shared word"), pairs=pairs, name="PairMatchTask")
+
+
+def PairLookupTask(num_examples=2000, words=5, vocab=16, seed=0, train=True):
+    """Where in sentence A is sentence B's word? A holds ``words`` distinct CONTENT words out of
+    the first ``vocab``, B is one of them; the label is its place in A (``words`` classes).
+
+    The answer is a position chosen by content. One attention head does it in one step (B's word
+    as the query finds its copy among A's keys and returns that key's position embedding); the
+    SGU's W is one number per pair of positions shared by all channels, so its gate can tell that
+    a match happened but not easily where. A model needs position embeddings (``position=``)."""
+    if not 1 < words <= vocab <= len(CONTENT):
+        raise ValueError(f"PairLookupTask: need 1 < words <= vocab <= {len(CONTENT)}")
+    rng = np.random.default_rng([seed, 4 if train else 5])
+    texts, pairs, labels = [], [], np.zeros(num_examples, dtype=np.int64)
+    for n in range(num_examples):
+        chosen = rng.choice(vocab, size=words, replace=False)
+        labels[n] = rng.integers(words)
+        texts.append(" ".join(CONTENT[k] for k in chosen))
+        pairs.append(CONTENT[chosen[labels[n]]])
+    return TextDataset(texts, labels, tuple(f"word {k + 1}" for k in range(words)), pairs=pairs,
+                       name="PairLookupTask")
 
 
 # --------------------------------------------------------------------------- official archives
@@ -416,14 +439,15 @@ class SST2(TextDataset):
         self.train = train
 
 
-TEXT_DATASETS = {"polarity": SentencePolarity, "sst2": SST2, "order": OrderTask, "pairs": PairMatchTask}
+TEXT_DATASETS = {"polarity": SentencePolarity, "sst2": SST2, "order": OrderTask, "pairs": PairMatchTask,
+                 "lookup": PairLookupTask}
 
 
 def get_text_dataset(name, train=True, root=None, download=True, **kwargs):
-    """"polarity", "sst2" (``root``, ``download`` apply) or the generated "order", "pairs"."""
+    """"polarity", "sst2" (``root``, ``download`` apply) or the generated "order", "pairs", "lookup"."""
     key = str(name).lower().replace("-", "")
     if key not in TEXT_DATASETS:
         raise ValueError(f"unknown text dataset {name!r}: expected one of {sorted(TEXT_DATASETS)}")
-    if key in ("order", "pairs"):
+    if key in ("order", "pairs", "lookup"):
         return TEXT_DATASETS[key](train=train, **kwargs)
     return TEXT_DATASETS[key](root=root, train=train, download=download, **kwargs)
