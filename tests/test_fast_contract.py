@@ -31,6 +31,7 @@ from tinymlp.ops.linear import Linear
 from tinymlp.ops.norm import LayerNorm
 from tinymlp.ops.shape import Patchify
 from tinymlp.optim import SGD, Adam, AdamW
+import tinymlp.fast.layout  # noqa: E402,F401  (fast.layout.memory_order)
 
 LAYOUTS = ["C", "token-major", "token-major swapped"]
 
@@ -351,6 +352,109 @@ def test_register_refuses_an_implementation_that_is_not_a_subclass():
 
     with pytest.raises(TypeError, match="must subclass Linear"):
         fast.register(Linear)(NotALinear)
+
+
+# --------------------------------------------------------------------------- compiled kernels (numba)
+# With numba installed (the "fast" extra) the CPU GELU and LayerNorm, the SGU's LayerNorm and the
+# flat Adam/AdamW run compiled kernels; every op test above then checks them, and the tests here
+# check their parallel path (large arrays), float32, and the NumPy fast path with numba off.
+compiled = fast.compiled
+needs_numba = pytest.mark.skipif(not compiled.available(), reason="numba not installed (pip install -e '.[fast]')")
+
+
+@pytest.fixture
+def numba_off():
+    before = compiled.is_enabled()
+    compiled.set_enabled(False)
+    try:
+        yield
+    finally:
+        compiled.set_enabled(before)
+
+
+def test_without_numba_the_numpy_fast_path_runs_and_matches_the_reference(numba_off):
+    from tinymlp.fast.activation import FastGELU
+    from tinymlp.fast.norm import FastLayerNorm
+
+    assert fast.implementation(GELU) is FastGELU and fast.implementation(LayerNorm) is FastLayerNorm
+    for test in (test_gelu, test_layer_norm, test_spatial_gating):   # the hypothesis tests, on the NumPy path
+        test()
+    test_gelu_in_chunks_keeps_the_layout()
+    test_training_step_is_the_same_with_the_fast_tier_on_and_off("amlp")
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compiled_kernels_on_large_arrays_match_the_reference(dtype, layout):
+    """Above PARALLEL_MIN elements the parallel kernels run; float32 arrays take the float32 kernels."""
+    from tinymlp.fast.compiled import CompiledGELU, CompiledLayerNorm
+
+    assert compiled.is_enabled() and fast.implementation(GELU) is CompiledGELU
+    rng = np.random.default_rng(0)
+    x = (3 * laid_out(rng, (32, 64, 160), layout)).astype(dtype)
+    assert x.size >= compiled.PARALLEL_MIN
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-4, atol=2e-5)
+    results = run_both(F.gelu, [x], expect=GELU)
+    assert_same(results, what=f"gelu {layout}", **tol)
+    assert results[0][0].dtype == np.dtype(dtype)
+    w, b = rng.standard_normal(160).astype(dtype), rng.standard_normal(160).astype(dtype)
+    expect = LayerNorm if layout != "token-major swapped" else None   # rows not contiguous: the NumPy path
+    results = run_both(lambda x, w, b: F.layer_norm(x, w, b, eps=1e-5), [x + 1, w, b], expect=expect)
+    assert_same(results, what=f"layer_norm {layout}", **tol)
+    if layout != "token-major swapped":
+        assert fast.implementation(LayerNorm) is CompiledLayerNorm
+    with fast.enabled():   # outputs laid out like the input
+        xt = Tensor(x, dtype=dtype)
+        for y in (F.gelu(xt), F.layer_norm(xt, Tensor(w, dtype=dtype), Tensor(b, dtype=dtype))):
+            assert y.dtype == np.dtype(dtype)
+            assert y.data.transpose(fast.layout.memory_order(x)).flags.c_contiguous
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_compiled_sgu_layer_norm_on_large_arrays_matches_the_reference(dtype):
+    rng = np.random.default_rng(1)
+    B, S, e = 48, 64, 96
+    z = laid_out(rng, (B, S, 2 * e), "token-major").astype(dtype)
+    arrays = [z, rng.standard_normal((S, S)).astype(dtype), rng.standard_normal(S).astype(dtype),
+              rng.standard_normal(e).astype(dtype), rng.standard_normal(e).astype(dtype)]
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-3, atol=2e-5)
+    assert_same(run_both(lambda *a: F.spatial_gating(*a, eps=1e-5), arrays, expect=SpatialGating), **tol)
+
+
+@needs_numba
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+def test_compiled_adam_equals_the_readable_one_in_float32_and_on_large_buffers(cls):
+    rng = np.random.default_rng(0)
+    shapes = [(600, 500), (7,), (30, 30)]       # more than PARALLEL_MIN values in all
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+
+    def train(on):
+        params = [Tensor(a.copy(), requires_grad=True) for a in init]
+        opt = cls(params, lr=0.01, weight_decay=0.1)
+        for gs in grads:
+            for p, g in zip(params, gs):
+                p.grad = g.copy()
+            with (fast.enabled() if on else fast.disabled()):
+                opt.step()
+        return [p.data for p in params]
+
+    for a, b in zip(train(True), train(False)):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_numba_switches_and_says_what_runs():
+    code = "import tinymlp.fast as f; print(f.compiled.is_enabled()); print(f.compiled.describe())"
+    env = {**os.environ, "TINYMLP_NUMBA": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    enabled, line = out.stdout.strip().splitlines()
+    assert enabled == "False"
+    assert ("TINYMLP_NUMBA=0" in line) if compiled.available() else ("not installed" in line)
+    assert "NumPy fast path" in line
+    assert isinstance(fast.memory.describe(), str)
 
 
 # --------------------------------------------------------------------------- CUDA

@@ -98,3 +98,4 @@ def enabled():
 
 
 from . import activation, attention, gating, linear, norm, optim, shape  # noqa: E402,F401  (they register)
+from . import compiled, memory  # noqa: E402,F401  (numba kernels where installed; malloc keeps memory)

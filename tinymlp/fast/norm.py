@@ -24,6 +24,10 @@ from .layout import memory_order, rows
 
 __all__ = ["FastLayerNorm", "layer_norm_backward", "normalize"]
 
+KERNELS = None
+"""Compiled versions of ``normalize`` and ``layer_norm_backward`` (set by ``fast.compiled`` when
+numba is installed); each returns None where it does not apply, and the code below runs."""
+
 
 def _row_order(x):
     """The memory order of x when its rows (last axis) are contiguous, else C order."""
@@ -55,6 +59,10 @@ def normalize(x, eps):
     if cuda_kernels.applies(x):
         xhat, rstd = cuda_kernels.layer_norm_normalize(x, eps)
         return xhat, rstd[..., None]
+    if KERNELS is not None:
+        done = KERNELS.normalize(x, eps)
+        if done is not None:
+            return done
     xp = array_module(x)
     d = x.shape[-1]
     mean = row_sum(x)[..., None]
@@ -74,6 +82,10 @@ def layer_norm_backward(g, xhat, rstd, weight=None, *, out=None, need_dx=True, n
     if cuda_kernels.applies(g, xhat, rstd, weight):
         return cuda_kernels.layer_norm_backward(g, xhat, rstd[..., 0], weight, out=out, need_dx=need_dx,
                                                 need_dweight=need_dweight, need_dbias=need_dbias)
+    if KERNELS is not None:
+        done = KERNELS.backward(g, xhat, rstd, weight, out, need_dx, need_dweight, need_dbias)
+        if done is not None:
+            return done
     xp = array_module(g)
     order = _row_order(xhat)
     dweight = column_dot(g, xhat, order) if need_dweight else None

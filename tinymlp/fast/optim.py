@@ -25,6 +25,11 @@ from ..backend import array_module, device_of
 
 __all__ = ["FlatGroup", "step"]
 
+COMPILED = {}
+"""Compiled kernels (set by ``fast.compiled`` when numba is installed): "adam", a direction
+computed in one pass over the whole flat buffers, and "apply_update", p <- p * decay - u in one
+pass (returns False where it does not apply)."""
+
 CHUNK = 1 << 16
 """On the CPU the update walks the flat buffers in pieces of this many values (256 KiB of
 float32 per buffer), so that its ten or so passes run in the cache instead of main memory."""
@@ -77,6 +82,8 @@ def step(optimizer):
     if optimizer._flat is None or len(optimizer._flat) != len(groups):
         optimizer._flat = [None] * len(groups)
     direction = DIRECTIONS[optimizer.fast_kind]
+    compiled = COMPILED.get(optimizer.fast_kind)
+    apply_update = COMPILED.get("apply_update")
     decoupled = getattr(optimizer, "decoupled_weight_decay", False)
     for gi, group in enumerate(groups):
         params = group["params"]
@@ -106,7 +113,7 @@ def step(optimizer):
             # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
             xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
             t, n = steps[0] + 1, fs.grad.size
-            chunk = CHUNK if xp is np else n
+            chunk = CHUNK if xp is np and (compiled is None or type(fs.grad) is not np.ndarray) else n
             pieces = [(slice(a, a + chunk), t) for a in range(0, n, chunk)]
         else:  # some gradients missing, or parameters at different steps: one piece each
             for i in live:
@@ -120,15 +127,21 @@ def step(optimizer):
                 g = fs.view(fs.grad, i)
                 g += scratch
 
+        plain = all(type(b) is np.ndarray for b in (fs.grad, fs.work, *fs.bufs.values()))   # no subclass
+        run = compiled if compiled is not None and plain and fs.dtype.kind == "f" else direction
         for where, t in pieces:
             bufs = {name: buf[where] for name, buf in fs.bufs.items()}
-            direction(group, fs.grad[where], bufs, fs.work[where], t)
+            run(group, fs.grad[where], bufs, fs.work[where], t)
 
+        decay = 1.0 - lr * wd if wd and decoupled else 1.0
         for i in live:
             p = params[i].data
-            if wd and decoupled:  # AdamW: p <- p - lr * wd * p
-                p *= 1.0 - lr * wd
-            p -= fs.view(fs.work, i)
+            if apply_update is not None and xp is np and apply_update(p, fs.view(fs.work, i), decay):
+                pass                  # p <- p * decay - update, one compiled pass
+            else:
+                if wd and decoupled:  # AdamW: p <- p - lr * wd * p
+                    p *= 1.0 - lr * wd
+                p -= fs.view(fs.work, i)
             states[i]["step"] += 1
 
 
