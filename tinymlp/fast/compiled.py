@@ -193,6 +193,8 @@ def _build(numba):
                     dw_part[p, j] += gj * xh
                     db_part[p, j] += gj
                     gh = gj * w[j]
+                    if need_dx:
+                        dx[i, j] = gh      # G_hat, rounded once: exact cancellations stay exact
                     a += gh
                     c += gh * xh
                 if need_dx:
@@ -203,7 +205,7 @@ def _build(numba):
                     r_t = rstd[i]
                     for j in range(dim):
                         xh = (x[i, j] - mu) * sc
-                        dx[i, j] = r_t * (g[i, j] * w[j] - a_t - xh * c_t)
+                        dx[i, j] = r_t * ((dx[i, j] - a_t) - xh * c_t)
 
     def adam(g, m, v, out, b1, one_b1, b2, one_b2, eps_c, step):
         # m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  out <- step m / (sqrt(v) + eps sqrt(c2))
