@@ -38,7 +38,8 @@ Generated tasks (no download; ``OrderTask``, ``PairMatchTask`` and ``PairLookupT
   SGU can too, less directly (its gate multiplies a token's features with a fixed mix of the
   other tokens'), and at the small sizes tried so far a gMLP learned it no worse than an aMLP.
 - **pair lookup**: where in sentence A is sentence B's word? The answer is a position found by
-  content, what one attention head does in one step; there aMLP learns clearly faster than gMLP.
+  content, what one attention head does in one step (the SGU learns it too: at small sizes which
+  of gMLP and aMLP learns it faster depends on the seed).
 """
 
 from __future__ import annotations
@@ -229,10 +230,10 @@ def PairLookupTask(num_examples=2000, words=5, vocab=16, seed=0, train=True):
     """Where in sentence A is sentence B's word? A holds ``words`` distinct CONTENT words out of
     the first ``vocab``, B is one of them; the label is its place in A (``words`` classes).
 
-    The answer is a position chosen by content. One attention head does it in one step (B's word
+    The answer is a position chosen by content. One attention head can do it in one step (B's word
     as the query finds its copy among A's keys and returns that key's position embedding); the
-    SGU's W is one number per pair of positions shared by all channels, so its gate can tell that
-    a match happened but not easily where. A model needs position embeddings (``position=``)."""
+    SGU's gate can too, by multiplying B's features with a fixed mix of A's. Give the model
+    position embeddings (``position="learned"``)."""
     if not 1 < words <= vocab <= len(CONTENT):
         raise ValueError(f"PairLookupTask: need 1 < words <= vocab <= {len(CONTENT)}")
     rng = np.random.default_rng([seed, 4 if train else 5])

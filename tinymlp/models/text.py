@@ -26,7 +26,8 @@ starts at zero here (tinymlp's choice; the paper's code draws it at random): an 
 starts as the gMLP block, whose gate starts at W ~ 0, b = 1. A random start adds noise of the
 bias's size to every gate; in small runs on the generated pair tasks it kept aMLP near chance
 for epochs, where the silent start learned. gMLP needs no position embedding (W sees
-positions); ``position="learned"`` or ``"sinusoidal"`` adds one.
+positions); ``position="learned"`` or ``"sinusoidal"`` adds one (the fixed sinusoidal table is
+scaled by 0.02, the size of the token embeddings, which it would drown otherwise).
 
 Presets (``TEXT_PRESETS``): the course work's Table 6 SGU variants at a small scale, and the
 sizes of its Tables 7-9 (18 and 36 layers, C = 512, d_ffn = 3072, BERT's 30,522-piece vocabulary,
@@ -80,7 +81,8 @@ class TextGMLP(Module):
         self.segment = Embedding(2, dim, rng=rng) if segments else None
         self.position = None
         if position is not None:
-            table = sinusoidal_embedding(seq_len, dim) if position == "sinusoidal" else None
+            # the sinusoidal table (values in [-1, 1]) scaled to the token rows' 0.02: else it drowns them
+            table = 0.02 * sinusoidal_embedding(seq_len, dim) if position == "sinusoidal" else None
             self.position = PositionEmbedding(seq_len, dim, table=table, rng=rng)
         self.blocks = ModuleList([
             GMLPBlock(seq_len, dim, ffn_dim, attn_dim, sgu_variant, toeplitz, causal, eps=eps, rng=rng)
