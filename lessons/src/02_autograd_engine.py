@@ -73,6 +73,7 @@ except TypeError as err:
 # %%
 a = tensor([1.0, 2.0, 3.0], requires_grad=True, dtype="float64")
 b = tensor([0.5, -1.0, 2.0], requires_grad=True, dtype="float64")
+a.name, b.name = "a", "b"          # optional names: the drawing below shows them
 prod = a * b
 y = (prod + a).sum()
 print("y =", y.item(), "| prod is a leaf?", prod.is_leaf, "| prod requires grad?", prod.requires_grad)
