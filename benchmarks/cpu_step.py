@@ -18,10 +18,12 @@ How it times, and why (measured: see the README's benchmark section):
 - medians over ``--steps`` timed steps (default 10 for the CIFAR models, 30 for the small ones),
   the runs taken in turn, after warm-up rounds;
 - ``--solo``: each run in its own process (the default times them in one process, alternating):
-  in one process PyTorch keeps glibc's heap warm for NumPy and the other way round. Solo mode can
-  also time variants of the fast tier set by environment variables: ``fast-nonumba``
-  (TINYMLP_NUMBA=0: the NumPy fast path even where numba is installed) and ``fast-heap``
-  (TINYMLP_KEEP_MEMORY=0: freed memory goes back to the OS as glibc decides by default).
+  in one process PyTorch keeps glibc's heap warm for NumPy and the other way round.
+
+More runs: ``fast-nonumba`` (the NumPy fast path even where numba is installed: TINYMLP_NUMBA=0
+in solo mode, ``tinymlp.fast.compiled`` switched off around the step otherwise) and, in solo
+mode only, ``fast-heap`` / ``fast-nonumba-heap`` (TINYMLP_KEEP_MEMORY=0: freed memory goes back
+to the OS as glibc decides by default, as before issue 17).
 
 Printed first: the CPU model, NumPy's BLAS and its kernel, the thread counts of both
 frameworks, the numba state of tinymlp's compiled kernels, the malloc setting, and the load
@@ -202,6 +204,25 @@ def tinymlp_step(model, optimizer, x, y):
     return loss
 
 
+@contextlib.contextmanager
+def numba_off():
+    """The NumPy fast path even where numba is installed (tinymlp.fast.compiled switched off)."""
+    compiled = getattr(fast, "compiled", None)
+    before = compiled.is_enabled() if compiled is not None else False
+    if compiled is not None:
+        compiled.set_enabled(False)
+    try:
+        yield
+    finally:
+        if compiled is not None:
+            compiled.set_enabled(before)
+
+
+def nonumba_step(model, optimizer, x, y):
+    with numba_off():
+        return tinymlp_step(model, optimizer, x, y)
+
+
 def reference_step(model, optimizer, x, y):
     with fast.disabled():
         return tinymlp_step(model, optimizer, x, y)
@@ -346,8 +367,12 @@ def build(name, runs, batch, quick, torch, seed=0):
     images = rng.standard_normal((batch, channels, image_size, image_size)).astype(np.float32)
     labels = rng.integers(0, 10, batch)
     steps = {"model": model}
-    if "fast" in runs or "reference" in runs:
+    if "fast" in runs or "reference" in runs or "fast-nonumba" in runs:
         x = tinymlp.tensor(images)
+        if "fast-nonumba" in runs:
+            nn_model = create(preset, **overrides)
+            nn_opt = AdamW(nn_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+            steps["fast-nonumba"] = lambda: nonumba_step(nn_model, nn_opt, x, labels)
         if "fast" in runs:
             opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
             steps["fast"] = lambda: tinymlp_step(model, opt, x, labels)
@@ -411,7 +436,7 @@ def bench_model(name, runs, args, torch):
         result["gflop"] = floor.flops / 1e9
     if args.memory:
         for k in timed:
-            if k in ("fast", "reference"):
+            if k in ("fast", "reference", "fast-nonumba"):
                 result["peak"][k] = tinymlp_peak_bytes(timed[k])
             elif k == "torch":
                 result["peak"][k] = torch_peak_bytes(torch, timed[k])
@@ -572,7 +597,7 @@ def main(argv=None):
         if r not in RUN_ENV and r != "matmul":
             parser.error(f"unknown run {r!r}; choose from fast, reference, torch, matmul, "
                          + ", ".join(k for k in RUN_ENV if k.startswith("fast-")))
-        if r.startswith("fast-") and not args.solo:
+        if r.startswith("fast-") and r != "fast-nonumba" and not args.solo:
             parser.error(f"run {r!r} sets environment variables read at import: use it with --solo")
 
     blas = OpenBLAS()

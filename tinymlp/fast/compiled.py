@@ -90,7 +90,7 @@ def _build(numba):
 
     cache = _state["cache"] is not None
     options = dict(cache=cache, error_model="numpy", nogil=True, fastmath={"contract"})
-    reduce_options = dict(options, fastmath={"contract", "reassoc"})   # row sums may vectorise
+    reduce_options = dict(options, fastmath={"reassoc"})   # row sums may vectorise (no fma: exact zeros stay zero)
 
     def both(fn, **extra):
         return (numba.njit(**options, **extra)(fn), numba.njit(parallel=True, **options, **extra)(fn))
@@ -154,17 +154,21 @@ def _build(numba):
         for i in prange(a.shape[0]):
             out[i] = a[i] * b[i]
 
-    def ln_forward(x, w, b, eps, y, mean, rstd):
+    # The LayerNorm kernels take each matrix as a flat C-contiguous buffer and a row stride (in
+    # elements): rows may be spaced wider than they are long (the SGU's z2 half of each row of z),
+    # and numba vectorises only loops over arrays it knows to be contiguous.
+    def ln_forward(x, xs, n, dim, w, b, eps, y, ys, mean, rstd):
         # rows of x (N, D): mean, 1/std, y = (x - mean)/std * w + b; float64 sums
-        n, dim = x.shape
         for i in prange(n):
+            xr = x[i * xs:i * xs + dim]      # a contiguous slice: the loops below vectorise
+            yr = y[i * ys:i * ys + dim]
             s = 0.0
             for j in range(dim):
-                s += x[i, j]
+                s += xr[j]
             mu = s / dim
             ss = 0.0
             for j in range(dim):
-                c = x[i, j] - mu
+                c = xr[j] - mu
                 ss += c * c
             r = 1.0 / math.sqrt(ss / dim + eps)
             mean[i] = mu
@@ -172,40 +176,43 @@ def _build(numba):
             mu_t = mean[i]       # read back: in x's dtype, so the loop below stays in it
             r_t = rstd[i]
             for j in range(dim):
-                y[i, j] = (x[i, j] - mu_t) * r_t * w[j] + b[j]
+                yr[j] = (xr[j] - mu_t) * r_t * w[j] + b[j]
 
-    def ln_backward(g, x, mean, scale, rstd, w, dx, need_dx, dw_part, db_part, scratch):
+    def ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, dx, ds, need_dx, dw_part, db_part, scratch):
         # x_hat = (x - mean) scale; G_hat = G w; dx = rstd (G_hat - mean(G_hat) - x_hat mean(G_hat x_hat));
         # partial column sums of G x_hat (dw) and G (db) per block of rows, in float64
-        n, dim = g.shape
         blocks = dw_part.shape[0]
         for p in prange(blocks):
             lo = p * n // blocks
             hi = (p + 1) * n // blocks
+            dwp = dw_part[p]
+            dbp = db_part[p]
             for i in range(lo, hi):
+                gr = g[i * gs:i * gs + dim]
+                xr = x[i * xs:i * xs + dim]
                 mu = mean[i]
                 sc = scale[i]
                 a = 0.0
                 c = 0.0
                 for j in range(dim):
-                    xh = (x[i, j] - mu) * sc
-                    gj = g[i, j]
-                    dw_part[p, j] += gj * xh
-                    db_part[p, j] += gj
+                    xh = (xr[j] - mu) * sc
+                    gj = gr[j]
+                    dwp[j] += gj * xh
+                    dbp[j] += gj
                     gh = gj * w[j]
-                    if need_dx:
-                        dx[i, j] = gh      # G_hat, rounded once: exact cancellations stay exact
                     a += gh
                     c += gh * xh
                 if need_dx:
+                    dr = dx[i * ds:i * ds + dim]
                     scratch[p, 0] = a / dim       # read back in x's dtype
                     scratch[p, 1] = c / dim
                     a_t = scratch[p, 0]
                     c_t = scratch[p, 1]
                     r_t = rstd[i]
                     for j in range(dim):
-                        xh = (x[i, j] - mu) * sc
-                        dx[i, j] = r_t * ((dx[i, j] - a_t) - xh * c_t)
+                        gh = gr[j] * w[j]          # rounded as above: exact cancellations stay exact
+                        xh = (xr[j] - mu) * sc
+                        dr[j] = r_t * ((gh - a_t) - xh * c_t)
 
     def adam(g, m, v, out, b1, one_b1, b2, one_b2, eps_c, step):
         # m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  out <- step m / (sqrt(v) + eps sqrt(c2))
@@ -331,13 +338,26 @@ class CompiledGELU(FastGELU):
 
 
 # --------------------------------------------------------------------------- LayerNorm
+def _rows(X):
+    """``(flat, row_stride)``: X (N, D), whose rows are contiguous, as a flat contiguous view
+    from its first element to its last, and the distance between its rows (in elements)."""
+    n, dim = X.shape
+    if X.flags.c_contiguous:
+        return X.reshape(-1), dim
+    rs = X.strides[0] // X.itemsize
+    flat = np.lib.stride_tricks.as_strided(X, shape=((n - 1) * rs + dim,), strides=(X.itemsize,))
+    return flat, rs
+
+
 def _ln_forward(X, w, b, eps):
     """Y, mean, rstd of the rows of X (N, D)."""
     n, dim = X.shape
     Y = np.empty((n, dim), dtype=X.dtype)
     mean = np.empty(n, dtype=X.dtype)
     rstd = np.empty(n, dtype=X.dtype)
-    _kernel("ln_forward", X.size)(X, _param(w, dim, X.dtype, 1), _param(b, dim, X.dtype, 0), float(eps), Y, mean, rstd)
+    xf, xs = _rows(X)
+    _kernel("ln_forward", X.size)(xf, xs, n, dim, _param(w, dim, X.dtype, 1), _param(b, dim, X.dtype, 0), float(eps),
+                                  Y.reshape(-1), dim, mean, rstd)
     return Y, mean, rstd
 
 
@@ -349,8 +369,9 @@ def _ln_backward(G, X, mean, scale, rstd, w, need_dx, out=None):
     db_part = np.zeros((blocks, dim))
     dX = (out if out is not None else np.empty((n, dim), dtype=G.dtype)) if need_dx else np.empty((1, dim), dtype=G.dtype)
     scratch = np.empty((blocks, 2), dtype=G.dtype)
-    _kernel("ln_backward", G.size)(G, X, mean, scale, rstd, _param(w, dim, G.dtype, 1), dX, need_dx, dw_part, db_part,
-                                   scratch)
+    (gf, gs), (xf, xs), (df, ds) = _rows(G), _rows(X), _rows(dX)
+    _kernel("ln_backward", G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1), df, ds,
+                                   need_dx, dw_part, db_part, scratch)
     return (dX if need_dx else None), dw_part.sum(0).astype(G.dtype), db_part.sum(0).astype(G.dtype)
 
 
