@@ -146,14 +146,19 @@ class OpenBLAS:
 
 
 def cpu_model():
+    """The CPU's name, family/model numbers and widest vector unit (from /proc/cpuinfo)."""
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    flags = info.get("flags", "").split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')}, "
+            f"model {info.get('model', '?')}, {vector})")
 
 
 def blas_description(blas):
@@ -468,8 +473,10 @@ def print_header(blas, torch, args, runs):
         mkl = "MKL" if torch.backends.mkl.is_available() else "no MKL"
         print(f"PyTorch  {torch.__version__}, eager, {mkl}, {torch.get_num_threads()} intra-op thread(s), "
               f"{torch.get_num_interop_threads()} inter-op")
+    elif "torch" in runs:
+        print("PyTorch  not installed: tinymlp only (pip install torch)")
     else:
-        print("PyTorch  not installed: tinymlp only")
+        print("PyTorch  not timed (no torch run)")
     print(f"tinymlp  fast tier {'on' if fast.is_enabled() else 'OFF'}; compiled kernels: {numba_state()}")
     print(f"memory   {memory_state()}")
     env = ", ".join(f"{k}={os.environ[k]}" for k in ENV_VARS if k in os.environ) or "none set"
