@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import threading
 import warnings
 
 import numpy as np
@@ -240,11 +241,21 @@ def _build(numba):
 
 
 _K = {}
+_PARALLEL = threading.Lock()
+"""numba's workqueue layer runs one parallel kernel at a time: a second one launched from another
+Python thread meanwhile would abort the process, so parallel launches take this lock."""
 
 
 def _kernel(name, size):
     serial, parallel = _K[name]
-    return parallel if size >= PARALLEL_MIN else serial
+    if size < PARALLEL_MIN:
+        return serial
+
+    def run(*args):
+        with _PARALLEL:
+            return parallel(*args)
+
+    return run
 
 
 def _fail(exc):
