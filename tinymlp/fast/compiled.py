@@ -7,7 +7,10 @@ centred copy, the scaled copy, ...), the optimizer's update (about ten). Here ea
 compiled by numba, over all cores (``parallel=True``) for large arrays and on one core below
 ``PARALLEL_MIN`` elements, in float32 when the arrays are float32:
 
-- ``CompiledGELU`` (GELU, tanh form): y and dy/dx in one pass; backward G * dy/dx in one;
+- ``CompiledGELU`` (GELU, tanh form): y and dy/dx in one pass; backward G * dy/dx in one. In
+  float32, tanh is a rational function (Eigen's ``generic_fast_tanh_float``, a few ulp) that
+  vectorises, where libm's scalar ``tanhf`` made the kernel slower than NumPy's SIMD ``tanh``;
+  float64 keeps libm's tanh;
 - ``CompiledLayerNorm``: forward writes y only and saves its *input* with the row means and
   1/std (no x_hat copy is written: backward recomputes x_hat = (x - mean) / std on the fly);
   backward is one pass per row for dx plus per-thread partial column sums for dweight, dbias;
@@ -15,10 +18,11 @@ compiled by numba, over all cores (``parallel=True``) for large arrays and on on
 - Adam/AdamW's direction over the flat buffers (``fast.optim``) in one pass, and each
   parameter's update p <- p (1 - lr wd) - step in one.
 
-Everything else stays the NumPy fast path. Each class is registered with ``fast.register``
-(by ``set_enabled``, at import when numba is there) for the CPU, and subclasses the NumPy fast implementation, so ``tests/test_fast_contract.py`` checks it
-against the reference like any other; where a kernel does not apply (an integer or float16
-array, rows that are not contiguous, the erf form of GELU) the NumPy fast path runs.
+Everything else stays the NumPy fast path. Each class is registered for the CPU with
+``fast.register`` (by ``set_enabled``, at import when numba is there) and subclasses the NumPy
+fast implementation, so ``tests/test_fast_contract.py`` checks it against the reference like any
+other; where a kernel does not apply (an integer or float16 array, rows that are not contiguous,
+the erf form of GELU, an ndarray subclass) the NumPy fast path runs.
 
 Switches: ``TINYMLP_NUMBA=0`` in the environment (read at import), or ``set_enabled(False)``
 (registers the NumPy fast path back). Without numba installed nothing here is registered.
