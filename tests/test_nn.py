@@ -459,11 +459,13 @@ def test_layer_reprs():
     assert "16 patches" in repr(nn.PatchEmbedding(8, 2, 3, 4))
 
 
-@given(S=st.integers(1, 5), e=st.integers(1, 3), batch=st.integers(1, 2),
+@given(S=st.integers(1, 5), e=st.sampled_from([1, 3]), batch=st.integers(1, 2),
        variant=st.sampled_from(["split", "linear", "additive", "multiplicative"]),
        toeplitz=st.sampled_from([None, "1d", "2d"]), causal=st.booleans(), seed=st.integers(0, 2**16))
 @settings(max_examples=10)
 def test_sgu_gradcheck_drawn_shapes(S, e, batch, variant, toeplitz, causal, seed):
+    """Gate width 2 is left out: a LayerNorm over two channels is +-1 up to O(eps), its
+    derivative below the noise floor of finite differences (gradcheck says INCONCLUSIVE)."""
     rng = np.random.default_rng(seed)
     dim = 2 * e if variant == "split" else e
     grid = (1, S) if toeplitz == "2d" else None  # a 1 x S strip: any S works
