@@ -23,8 +23,8 @@ from .text import (
     TextDataset, TokenDataset, TokenLoader, get_text_dataset,
 )
 from .transforms import (
-    Compose, CutMix, HorizontalFlip, Mixup, Normalize, RandomCrop,
-    cutmix, horizontal_flip, mixup, normalize, one_hot, random_crop,
+    Compose, CutMix, HorizontalFlip, Mixup, Normalize, RandomCrop, Resize,
+    cutmix, horizontal_flip, mixup, normalize, one_hot, random_crop, resize,
 )
 
 DATASETS = {"cifar10": CIFAR10, "cifar100": CIFAR100, "synthetic": SyntheticImages}
@@ -47,9 +47,9 @@ def get_dataset(name, train=True, root=None, download=True, **kwargs):
 __all__ = [
     "ARCHIVES", "Archive", "CIFAR10", "CIFAR100", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR100_MEAN",
     "CIFAR100_STD", "Compose", "CutMix", "DATASETS", "DataLoader", "DatasetError",
-    "HorizontalFlip", "ImageDataset", "Mixup", "Normalize", "RandomCrop", "SyntheticImages",
+    "HorizontalFlip", "ImageDataset", "Mixup", "Normalize", "RandomCrop", "Resize", "SyntheticImages",
     "channel_stats", "cutmix", "data_root", "get_dataset", "horizontal_flip", "mixup",
-    "normalize", "one_hot", "random_crop",
+    "normalize", "one_hot", "random_crop", "resize",
     "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES",
     "TextArchive", "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
 ]
