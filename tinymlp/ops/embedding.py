@@ -38,7 +38,8 @@ class Embedding(Function):
 def embedding(weight, ids):
     """Rows of ``weight`` (V, D) picked by the integer ``ids`` (any shape): (*ids.shape, D).
 
-    An id outside [0, V) is an error (NumPy would silently wrap a negative one)."""
+    An id outside [0, V) is an error (NumPy would silently wrap a negative one); the check runs on
+    CPU arrays only, so that a GPU step never waits for it."""
     xp = array_module(weight.data if isinstance(weight, Tensor) else weight)
     ids = ids.data if isinstance(ids, Tensor) else xp.asarray(ids)
     if ids.dtype.kind not in "iu":
@@ -46,7 +47,8 @@ def embedding(weight, ids):
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be a (num_embeddings, dim) table, got shape {tuple(weight.shape)}")
     V = weight.shape[0]
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= V):
+    # a host check: on a GPU reading min/max back would stall every step (as cross_entropy's ids)
+    if ids.size and type(ids).__module__ == "numpy" and (int(ids.min()) < 0 or int(ids.max()) >= V):
         raise IndexError(f"embedding: ids must lie in [0, {V}) for a table of {V} rows, "
                          f"got values in [{int(ids.min())}, {int(ids.max())}]")
     return Embedding.apply(weight, ids=ids)
