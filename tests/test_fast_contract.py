@@ -29,7 +29,7 @@ from tinymlp.ops.attention import Attention, Softmax
 from tinymlp.ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from tinymlp.ops.linear import Linear
 from tinymlp.ops.norm import LayerNorm
-from tinymlp.ops.shape import Patchify
+from tinymlp.ops.shape import GetItem, Patchify
 from tinymlp.optim import SGD, Adam, AdamW
 import tinymlp.fast.layout  # noqa: E402,F401  (fast.layout.memory_order)
 
@@ -203,8 +203,24 @@ def test_patchify(B, C, gh, gw, p, seed):
     assert tokens.data.transpose(1, 0, 2).flags.c_contiguous       # token-major memory
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("index", [(Ellipsis, slice(0, 2)), (slice(None), 1), (np.array([0, 2, 0]),)],
+                         ids=["last-axis slice", "integer", "repeated rows"])
+def test_getitem(layout, index):
+    x = laid_out(np.random.default_rng(0), (3, 4, 5), layout)
+    assert_same(run_both(lambda x: x[index], [x], expect=GetItem), what=layout)
+
+
+def test_getitem_gradient_is_laid_out_like_its_input():
+    x = Tensor(laid_out(np.random.default_rng(0), (3, 4, 6), "token-major"), requires_grad=True, dtype="float64")
+    with fast.enabled():
+        q = x[..., :2]
+        q.sum().backward()
+    assert x.grad.transpose(1, 0, 2).flags.c_contiguous
+
+
 def test_every_registered_implementation_is_covered_here():
-    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SpatialGating, Toeplitz1d, Toeplitz2d, Patchify}
+    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SpatialGating, Toeplitz1d, Toeplitz2d, Patchify, GetItem}
     registered = {ref for (ref, _device) in fast.implementations()}
     assert registered <= tested, f"fast implementations without a contract test: {registered - tested}"
 

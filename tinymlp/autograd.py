@@ -375,7 +375,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             continue
         if isinstance(node, Tensor):  # a leaf: accumulate, never alias an array the graph may still share
             if node.grad is None:
-                node.grad = g.copy()
+                node.grad = g.copy(order="K")   # in the layout it came in
             else:
                 node.grad += g
             continue

@@ -1,4 +1,5 @@
-"""Patchify, fast: the tokens of a batch laid out token-major in memory.
+"""Patchify and indexing, fast: the tokens of a batch laid out token-major in memory, and
+gradients of a slice laid out like the sliced array.
 
 The result is the reference's (B, S, K) array, but its memory is ordered (S, B, K): it is the
 transpose of a contiguous (S, B, K) array. Every op after it keeps that order (see
@@ -10,10 +11,11 @@ usual (B, S, C) order would need a transposed copy or B small products.
 from __future__ import annotations
 
 from ..backend import array_module
-from ..ops.shape import Patchify
+from ..ops.shape import GetItem, Patchify, _has_array_index
 from . import register
+from .layout import inverse, memory_order
 
-__all__ = ["FastPatchify"]
+__all__ = ["FastGetItem", "FastPatchify"]
 
 
 @register(Patchify)
@@ -31,3 +33,26 @@ class FastPatchify(Patchify):
         out.reshape(gh, gw, B, C, ph, pw)[...] = src
         ctx.patch_size = patch_size
         return out.transpose(1, 0, 2)                                            # seen as (B, S, K)
+
+
+@register(GetItem)
+class FastGetItem(GetItem):
+    """``GetItem`` whose gradient is laid out like x: the q, k, v slices of a token-major
+    (B, S, 3d) projection send back a token-major gradient, which the Linear before them reads
+    without a transposed copy (the reference allocates it in C order)."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.shape, ctx.index, ctx.order = x.shape, index, memory_order(x)
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = array_module(g)
+        order = ctx.order
+        grad = xp.zeros(tuple(ctx.shape[i] for i in order), dtype=g.dtype).transpose(inverse(order))
+        if _has_array_index(ctx.index):
+            xp.add.at(grad, ctx.index, g)
+        else:
+            grad[ctx.index] = g
+        return grad, None
