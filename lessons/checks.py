@@ -593,6 +593,18 @@ def _own_layer(answer):
     gradcheck(fn, inputs)
 
 
+@exercise("12.1", "embedding backward (scatter-add)")
+def _embedding(cls):
+    E = _t(_rng(21).normal(size=(6, 3)))
+    ids = np.array([[1, 4, 4, 0], [4, 2, 1, 1]])        # repeated ids: the sums must accumulate
+    _close("forward", cls.apply(E, ids), E.numpy()[ids])
+
+    def embedding(E):
+        return cls.apply(E, ids)
+
+    _gc(embedding, (E,))
+
+
 # ------------------------------------------------------------------------------ the autograder
 @dataclass
 class NotebookResult:

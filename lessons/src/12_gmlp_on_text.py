@@ -21,6 +21,8 @@
 #
 # **Prerequisites:** lessons 7 (gMLP, the SGU) and 8 (aMLP's tiny attention).
 #
+# **Exercises:** 12.1 (the embedding's backward, a scatter-add).
+#
 # **In tinymlp:** `tinymlp/text.py` (`Tokenizer`), `tinymlp/ops/embedding.py` (`F.embedding`:
 # gather forward, scatter-add backward), `tinymlp/nn/embedding.py` (`Embedding`, `PositionEmbedding`,
 # `TiedLMHead`), `tinymlp/data/text.py` (the generated tasks, `TokenLoader`, `MaskedLMLoader`,
@@ -41,6 +43,7 @@ from tinymlp.ops.embedding import Embedding
 from tinymlp.optim import AdamW, param_groups
 from tinymlp.text import Tokenizer
 from tinymlp.train import fit
+from checks import check   # lessons/checks.py: one check per exercise
 
 lesson_start = time.perf_counter()
 
@@ -122,6 +125,34 @@ try:
     gradcheck(lambda w: BufferedBackward.apply(w, ids=ids_batch), (E,))
 except tinymlp.GradcheckError as err:
     print("the buffered version is caught:", str(err).splitlines()[0])
+
+# %% [markdown]
+# **Exercise 12.1.** Write the lookup as a Function of your own. Forward is given (the gather,
+# with what backward needs saved on `ctx`); write backward: dL/dE (V, C) from the upstream
+# gradient `grad` (..., C), with repeated ids accumulating. `ids` is the second positional input
+# of forward, an integer array: it gets no gradient, so return `None` for it (one entry per
+# input: the engine checks). The check compares your forward with `E[ids]` and runs gradcheck
+# with repeated ids. Hint: the scatter-add is one NumPy call.
+
+# %%
+class MyEmbedding(tinymlp.Function):
+    """out = E[ids];  dL/dE_v = sum of the upstream rows of every position that read row v."""
+
+    @staticmethod
+    def forward(ctx, E, ids):
+        ctx.ids, ctx.num_rows = ids, E.shape[0]
+        return E[ids]
+
+    @staticmethod
+    def backward(ctx, grad):
+        # BEGIN SOLUTION 12.1
+        dE = np.zeros((ctx.num_rows, grad.shape[-1]), dtype=grad.dtype)
+        np.add.at(dE, ctx.ids, grad)          # repeated ids accumulate
+        return dE, None
+        # END SOLUTION
+
+
+embedding_done = check("12.1", MyEmbedding)
 
 # %% [markdown]
 # The language-model head reuses the table: logits $= H E^\top + b$ (`nn.TiedLMHead`). $E$ then
