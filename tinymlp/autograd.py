@@ -38,6 +38,8 @@ import sys
 import threading
 import weakref
 
+import numpy as np
+
 from .backend import device_of
 from .tensor import Tensor
 
@@ -311,15 +313,9 @@ def _fingerprints(args, arrays, saved):
     prints = []
     for i, (a, arr) in enumerate(zip(args, arrays)):
         if (isinstance(a, Tensor) and type(arr).__module__ == "numpy" and arr.size
-                and any(_np_may_share_memory(s, arr) for s in saved)):
+                and any(np.may_share_memory(s, arr) for s in saved)):
             prints.append((i, arr, _sample(arr), a.name))
     return prints
-
-
-def _np_may_share_memory(a, b):
-    import numpy  # noqa: PLC0415 - the engine's only NumPy call, for CPU arrays
-
-    return numpy.may_share_memory(a, b)
 
 
 def _check_unmodified(node):

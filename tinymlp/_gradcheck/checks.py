@@ -397,9 +397,6 @@ def _name_sources(run, results, failing):
                         for node, i in found})
         if names:
             result.source = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        if result.hint_kind == "no_gradient":
-            for node, i in found:
-                _count_gradients(node, i, result)
 
 
 def _forward_name(fn, i):
@@ -410,19 +407,3 @@ def _forward_name(fn, i):
     except (TypeError, ValueError):
         return ""
     return f" {names[i]!r}" if i < len(names) else ""
-
-
-def _count_gradients(node, i, result):
-    """Call this node's backward once more: how many gradients does it return?"""
-    out = node.output() if callable(getattr(node, "output", None)) else None
-    if out is None:
-        return
-    xp = out._xp
-    grads = node.fn.backward(node, xp.ones(out.shape, out.dtype))
-    count = len(grads) if isinstance(grads, tuple) else 1
-    if count < len(node.parents) and count <= i:
-        fn = node.fn.__name__
-        result.hint_kind = "too_few_gradients"
-        result.hint = (f"{fn}.backward returned {count} gradient{'s' * (count != 1)} for {len(node.parents)} "
-                       f"inputs, so none reached {result.name!r} (its input {i}): "
-                       "return one gradient per input of forward, in order (None where none is needed)")

@@ -4,7 +4,8 @@
 to be read. This package holds the same ops written to be fast: fused passes over memory in
 cache-sized chunks, outputs written into buffers they already own, saved arrays freed on the
 last backward, one matrix product whatever the memory layout of the input, flat optimizer
-state, and CuPy kernels on CUDA. Each implementation is a subclass of its reference Function
+state, CuPy kernels on CUDA, and numba kernels on the CPU where numba is installed
+(``compiled.py``; ``TINYMLP_NUMBA=0`` leaves them out). Each implementation is a subclass of its reference Function
 with the same forward/backward contract, registered with ``register`` for a device, and
 ``tests/test_fast_contract.py`` checks it against the reference (forward value and every
 gradient, over hypothesis shapes and memory layouts).

@@ -11,7 +11,7 @@ usual (B, S, C) order would need a transposed copy or B small products.
 from __future__ import annotations
 
 from ..backend import array_module
-from ..ops.shape import GetItem, Patchify, _has_array_index
+from ..ops.shape import GetItem, Patchify, scatter
 from . import register
 from .layout import inverse, memory_order
 
@@ -51,8 +51,4 @@ class FastGetItem(GetItem):
         xp = array_module(g)
         order = ctx.order
         grad = xp.zeros(tuple(ctx.shape[i] for i in order), dtype=g.dtype).transpose(inverse(order))
-        if _has_array_index(ctx.index):
-            xp.add.at(grad, ctx.index, g)
-        else:
-            grad[ctx.index] = g
-        return grad, None
+        return scatter(grad, ctx.index, g), None

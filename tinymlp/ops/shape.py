@@ -57,13 +57,17 @@ class GetItem(Function):
 
     @staticmethod
     def backward(ctx, g):
-        xp = array_module(g)
-        grad = xp.zeros(ctx.shape, dtype=g.dtype)
-        if _has_array_index(ctx.index):
-            xp.add.at(grad, ctx.index, g)      # a repeated index accumulates its gradients
-        else:
-            grad[ctx.index] = g
-        return grad, None
+        return scatter(array_module(g).zeros(ctx.shape, dtype=g.dtype), ctx.index, g), None
+
+
+def scatter(grad, index, g):
+    """grad with g added at ``index`` (grad starts at zero): ``add.at`` where an integer array may
+    select an element twice (its gradients then add up), a plain assignment for slices."""
+    if _has_array_index(index):
+        array_module(g).add.at(grad, index, g)
+    else:
+        grad[index] = g
+    return grad
 
 
 class Concatenate(Function):
