@@ -605,6 +605,98 @@ def _embedding(cls):
     _gc(embedding, (E,))
 
 
+@exercise("12.2", "mean over the real tokens (masked pooling)")
+def _masked_mean(cls):
+    rng = _rng(22)
+    mask = np.array([[1, 1, 1, 0, 0, 0],                 # 3 real tokens of 6
+                     [1, 1, 1, 1, 1, 1],                 # no padding
+                     [1, 0, 0, 0, 0, 0]], dtype=bool)    # [CLS] alone
+    B, S, C = 3, 6, 4
+    m, n = mask[:, :, None], mask.sum(axis=1, keepdims=True)         # (B, S, 1), (B, 1)
+    x = _t(rng.normal(size=(B, S, C)))
+    y = cls.apply(x, mask)
+    got = np.asarray(y.numpy(), dtype=np.float64)
+    want = (x.numpy() * m).sum(axis=1) / n
+    if got.shape == want.shape and not np.allclose(got, want):
+        if np.allclose(got, (x.numpy() * m).sum(axis=1) / S):
+            raise Wrong(f"forward: divided by S = {S}, the padded length; divide sentence b by "
+                        "n[b] = mask[b].sum(), its number of real tokens")
+        if np.allclose(got, x.numpy().mean(axis=1)):
+            raise Wrong("forward: the padding is averaged in; multiply by the mask before summing")
+    _close("forward", y, want)
+
+    g = rng.normal(size=(B, C))
+    y.backward(tensor(g, dtype="float64"))
+    dx = np.asarray(x.grad, dtype=np.float64)
+    want = m * (g / n)[:, None, :]
+    if dx.shape == want.shape and not np.allclose(dx, want):
+        if np.allclose(dx, m * g[:, None, :] / S):
+            raise Wrong(f"backward: divided by S = {S} instead of n[b], the number of real tokens "
+                        "(the forward divides by n[b], so the backward must too)")
+        if np.allclose(dx, np.broadcast_to(g[:, None, :] / S, dx.shape)):
+            raise Wrong(f"backward: that is the gradient of the mean over all S = {S} positions: "
+                        "the mask and n[b] are both missing")
+        if np.any(dx[~mask] != 0):
+            b, s = map(int, np.argwhere((dx != 0).any(axis=-1) & ~mask)[0])
+            raise Wrong(f"backward: the mask is missing; the padding position (b={b}, s={s}) gets "
+                        f"{np.round(dx[b, s], 4)} but must get exactly 0 (it does not enter y)")
+
+    def masked_mean(x):
+        return cls.apply(x, mask)
+
+    _gc(masked_mean, (_t(rng.normal(size=(B, S, C))),))  # any other slip: the report says where
+    _close("dL/dx", dx, want)
+    if np.any(dx[~mask] != 0):
+        raise Wrong(f"backward: padding positions must get exactly 0, largest |dL/dx| there "
+                    f"{np.abs(dx[~mask]).max():.3g}")
+
+
+def _wordpiece_cases():
+    """(vocabulary, words) pairs: a small trained one, and one made to show the usual slips."""
+    from tinymlp.text import Tokenizer
+
+    corpus = ["the players were playing a funny film", "an unbelievably long story was told",
+              "she plays the piano and he played along", "a story of stories, told and retold"] * 3
+    trained = set(Tokenizer.train(corpus, vocab_size=70).vocab[5:])
+    words = ["the", "players", "playing", "plays", "replayed", "unbelievably", "stories", "storyteller",
+             "a", "t", "s", "pianos", "along", "longest", "told", "retelling", "hello", "played",
+             "jazz", "q", "theplayers", "aaaa"]
+    made = {"a", "b", "c", "d", "ab", "abc", "##a", "##b", "##c", "##bc", "##cab", "un", "##do", "do", "##ne"}
+    made_words = ["a", "d", "ab", "abc", "abd", "abca", "abcab", "undo", "undone", "undoe", "cab", "bad",
+                  "dab", "z", "abcabcab", "ba", "bca"]
+    return [(trained, words), (made, made_words)]
+
+
+def _wordpiece_hint(got, want):
+    if want == ["[UNK]"] and "[UNK]" in got:
+        return "a word with a position where no piece fits is [UNK] as a whole, not the pieces found before it"
+    if want != ["[UNK]"] and got == ["[UNK]"]:
+        return "every position here has a piece that fits; look at the ## of the later pieces"
+    if len(got) > 1 and not any(p.startswith("##") for p in got[1:]):
+        return "the pieces after the first continue the word: look them up with ## in front"
+    if got and got[0].startswith("##"):
+        return "the first piece of a word is plain, without ##"
+    if len(got) > len(want):
+        return "take the longest prefix that is in the vocabulary, not the shortest"
+    return ""
+
+
+@exercise("12.3", "WordPiece's greedy longest-match cut")
+def _wordpiece(wordpiece):
+    from tinymlp.text import SPECIAL_TOKENS, Tokenizer
+
+    for vocab, words in _wordpiece_cases():
+        tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab - set(SPECIAL_TOKENS)))
+        for word in words:
+            want = tok._cut(word)
+            got = wordpiece(word, set(vocab))
+            if isinstance(got, tuple):
+                got = list(got)
+            if got != want:
+                hint = _wordpiece_hint(got, want) if isinstance(got, list) else "return a list of strings"
+                raise Wrong(f"{word!r}: yours {got!r}, the tokenizer's {want!r}" + (f"\n({hint})" if hint else ""))
+
+
 # ------------------------------------------------------------------------------ the autograder
 @dataclass
 class NotebookResult:

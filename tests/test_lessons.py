@@ -239,6 +239,90 @@ def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
     assert "gradcheck" in out and re.search(r"^\s*(likely|pattern)\s*:", out, flags=re.M), out
 
 
+def _masked_mean(forward="right", backward="right"):
+    """A masked-mean Function (exercise 12.2): the reference answer, or one of the usual slips."""
+    import numpy as np
+
+    from tinymlp import Function
+
+    class MaskedMean(Function):
+        @staticmethod
+        def forward(ctx, x, mask):
+            m = mask.astype(x.dtype)[:, :, None]
+            n = m.sum(axis=1)
+            ctx.save_for_backward(m, n)
+            if forward == "over S":
+                return (x * m).sum(axis=1) / x.shape[1]
+            return (x * m).sum(axis=1) / n
+
+        @staticmethod
+        def backward(ctx, grad):
+            m, n = ctx.saved_tensors
+            dx = {"right": m * (grad / n)[:, None, :],
+                  "over S": m * (grad / m.shape[1])[:, None, :],
+                  "no mask": np.broadcast_to((grad / n)[:, None, :], grad.shape[:1] + m.shape[1:2] + grad.shape[1:]),
+                  "a third": m * (grad / n)[:, None, :] / 3}[backward]
+            return dx, None
+
+    return MaskedMean
+
+
+def test_masked_mean_check_passes_the_answer_and_names_the_usual_slips(checks, capsys):
+    head = "exercise 12.2 mean over the real tokens (masked pooling)"
+    assert checks.check("12.2", _masked_mean()) is True
+    assert capsys.readouterr().out == f"{head}: passed\n"
+    for kind, expected in [({"forward": "over S"}, "forward: divided by S"),
+                           ({"backward": "over S"}, "backward: divided by S"),
+                           ({"backward": "no mask"}, "backward: the mask is missing"),
+                           ({"backward": "a third"}, "tinymlp.gradcheck FAILED")]:   # any other slip
+        assert checks.check("12.2", _masked_mean(**kind)) is False, kind
+        out = capsys.readouterr().out
+        assert out.startswith(f"{head}: FAILED\n") and expected in out, (kind, out)
+
+
+def _wordpiece(slip=None):
+    """A WordPiece cut (exercise 12.3): the reference answer, or one of the usual slips."""
+    def wordpiece(word, vocab):
+        pieces, start = [], 0
+        while start < len(word):
+            ends = range(start + 1, len(word) + 1) if slip == "shortest" else range(len(word), start, -1)
+            for end in ends:
+                piece = word[start:end] if start == 0 or slip == "no ##" else "##" + word[start:end]
+                if piece in vocab:
+                    break
+            else:
+                return pieces + ["[UNK]"] if slip == "partial" else ["[UNK]"]
+            pieces.append(piece)
+            start = end
+        return pieces
+
+    return wordpiece
+
+
+def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs(checks, capsys):
+    head = "exercise 12.3 WordPiece's greedy longest-match cut"
+    assert checks.check("12.3", _wordpiece()) is True
+    assert capsys.readouterr().out == f"{head}: passed\n"
+    for slip, expected in [("shortest", "not the shortest"), ("no ##", "with ## in front"),
+                           ("partial", "[UNK] as a whole")]:
+        assert checks.check("12.3", _wordpiece(slip)) is False, slip
+        out = capsys.readouterr().out
+        assert out.startswith(f"{head}: FAILED\n") and expected in out, (slip, out)
+        assert re.search(r"'\w+': yours \[.*\], the tokenizer's \[.*\]", out), out   # the word, both answers
+    assert checks.check("12.3", lambda word, vocab: ["[UNK]"]) is False
+    assert "yours ['[UNK]']" in capsys.readouterr().out
+    # the cases hold a word that must become [UNK] and single characters, known and unknown
+    from tinymlp.text import SPECIAL_TOKENS, Tokenizer
+
+    cuts = []
+    for vocab, words in checks._wordpiece_cases():
+        tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab))
+        cuts += [(w, tok._cut(w)) for w in words]
+    assert any(len(w) > 1 and cut == ["[UNK]"] for w, cut in cuts)
+    assert any(len(w) == 1 and cut == [w] for w, cut in cuts)
+    assert any(len(w) == 1 and cut == ["[UNK]"] for w, cut in cuts)
+
+
 # ------------------------------------------------------------------------------ the course's shape
 def test_exercises_are_registered_numbered_and_enough(checks, make_lessons):
     seen = {}

@@ -21,7 +21,9 @@
 #
 # **Prerequisites:** lessons 7 (gMLP, the SGU) and 8 (aMLP's tiny attention).
 #
-# **Exercises:** 12.1 (the embedding's backward, a scatter-add).
+# **Exercises:** 12.1 (the embedding's backward, a scatter-add), 12.2 (the mean over the real
+# tokens and its backward), 12.3 (WordPiece's greedy longest-match cut of a word); 12.3 and 12.2
+# are in section 1, 12.1 in section 2.
 #
 # **In tinymlp:** `tinymlp/text.py` (`Tokenizer`), `tinymlp/ops/embedding.py` (`F.embedding`:
 # gather forward, scatter-add backward), `tinymlp/nn/embedding.py` (`Embedding`, `PositionEmbedding`,
@@ -68,6 +70,42 @@ print(tok, "| the last pieces learned:", tok.vocab[-8:])
 print(tok.tokenize("The players were playing a funnier film!"))
 
 # %% [markdown]
+# Training decides *which* pieces exist; cutting a word with them is a separate, simple rule,
+# BERT's WordPiece: take the **longest prefix** of the word that is in the vocabulary, then the
+# longest piece that continues from there (looked up with `##` in front), and so on to the end
+# of the word. Greedy, so not always the fewest pieces, but fast and unambiguous. A word with a
+# position where no piece fits, not even one character, becomes `[UNK]` as a whole.
+#
+# **Exercise 12.3.** Write that cut for one word: `wordpiece(word, vocab)` with `vocab` a set of
+# strings returns the list of pieces, the first one plain and the later ones starting with `##`,
+# or `["[UNK]"]`. `Tokenizer` does it in `_cut` (`tinymlp/text.py`); the check compares your
+# function with it on many words, including single characters and a word that must become
+# `[UNK]`, and prints the first word on which the two disagree.
+
+# %%
+def wordpiece(word, vocab):
+    """The pieces of one word by greedy longest match: "playing" -> ["play", "##ing"], or ["[UNK]"]."""
+    # BEGIN SOLUTION 12.3
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):             # the longest piece first
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return ["[UNK]"]                                # nothing fits here: the whole word is unknown
+        pieces.append(piece)
+        start = end
+    return pieces
+    # END SOLUTION
+
+
+wordpiece_done = check("12.3", wordpiece)
+if wordpiece_done:
+    for word in ("straighter", "plotting", "warmly", "unfunny"):   # no f inside a word of the corpus:
+        print(f"{word:>10} -> {wordpiece(word, set(tok.vocab))}")   # no "##f", so "unfunny" is [UNK]
+
+# %% [markdown]
 # A sentence becomes `[CLS] tokens [SEP]`, a pair `[CLS] a [SEP] b [SEP]` with **segment** ids 0
 # and 1, cut and padded to one fixed length $S$: the SGU's $W$ is an $S\times S$ matrix, so every
 # sequence must have the same length (the course work uses $S = 128$). The padding is masked:
@@ -79,6 +117,67 @@ print("pieces  ", [tok.vocab[i] for i in ids])
 print("ids     ", ids)
 print("segments", segments)
 print("decoded ", repr(tok.decode(ids)))
+
+# %% [markdown]
+# ### Mean pooling over the real tokens
+#
+# A sentence classifier needs one vector per sentence: `TextGMLP` (with `pooling="mean"`, the
+# default) averages the last block's token vectors. An average over all $S$ positions would let
+# the padding in: the same sentence would get another vector, and maybe another label, when
+# $S$ grows from 14 to 128. So the mean runs over the real tokens only, those of the mask
+# $m_{bs} = [\text{id}_{bs} \neq \texttt{[PAD]}]$, and divides by their number
+# $n_b = \sum_s m_{bs}$, not by $S$:
+#
+# $$y_b = \frac{1}{n_b}\sum_s m_{bs}\, x_{bs} .$$
+#
+# Each $y_{bc}$ is linear in $x_{bsc}$ with coefficient $m_{bs}/n_b$ (and does not depend on
+# $x_{b's c'}$ for another sentence or channel), so with $g_b = \partial L/\partial y_b$:
+#
+# $$\frac{\partial y_{bc}}{\partial x_{b'sc'}} = [b = b'][c = c']\,\frac{m_{bs}}{n_b}
+#   \quad\Longrightarrow\quad
+#   \frac{\partial L}{\partial x_{bs}} = \sum_{c} g_{bc}\,\frac{\partial y_{bc}}{\partial x_{bs}}
+#   = \frac{m_{bs}}{n_b}\, g_b .$$
+#
+# Every real token of sentence $b$ receives the same row $g_b / n_b$, every `[PAD]` exactly 0.
+# The mask is a constant of the forward, not a value the loss is differentiated by.
+#
+# **Exercise 12.2.** Write this pooling as a Function of your own, forward and backward.
+# `forward(ctx, x, mask)`: `x` (B, S, C) floats, `mask` (B, S) bool, True on the real tokens;
+# return `y` (B, C) and save on `ctx` what backward needs. `backward(ctx, grad)`: `grad` (B, C);
+# return dL/dx (B, S, C) and `None` for the mask (one entry per input: the engine checks). The
+# check compares your forward with the formula, gradchecks your backward in float64 and makes
+# sure the padding positions get exactly zero gradient.
+
+# %%
+class MaskedMean(tinymlp.Function):
+    """y[b] = sum_s m[b, s] x[b, s] / n[b], n[b] = sum_s m[b, s]: the mean over the real tokens."""
+
+    @staticmethod
+    def forward(ctx, x, mask):
+        # BEGIN SOLUTION 12.2
+        m = mask.astype(x.dtype)[:, :, None]                # (B, S, 1): 1 on real tokens, 0 on [PAD]
+        n = m.sum(axis=1)                                   # (B, 1): real tokens per sentence
+        ctx.save_for_backward(m, n)
+        return (x * m).sum(axis=1) / n
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        # BEGIN SOLUTION 12.2
+        m, n = ctx.saved_tensors
+        return m * (grad / n)[:, None, :], None             # g_b / n_b on real tokens, 0 on [PAD]
+        # END SOLUTION
+
+
+pooling_done = check("12.2", MaskedMean)
+if pooling_done:                                            # one sentence at two padded lengths
+    table = np.random.default_rng(0).standard_normal((len(tok), 4))   # a random embedding table
+    for max_len in (8, 14):
+        sentence = np.array([tok.encode("a funny film", max_len=max_len)[0]])
+        vectors = tinymlp.tensor(table[sentence])
+        pooled = MaskedMean.apply(vectors, sentence != tok.pad_id).numpy()[0]
+        print(f"S = {max_len:2d}: mean over the real tokens {pooled.round(3)}, "
+              f"over all S {vectors.numpy().mean(axis=1)[0].round(3)}")
 
 # %% [markdown]
 # ## 2. Embeddings and the backward of a lookup
