@@ -75,9 +75,10 @@ def prepare(args, out, meta, preset, overrides):
     tok = tokenizer_for(out, train_set.corpus, args.max_vocab, resumed=meta is not None,
                         pretrained=args.pretrained if pretrained else None)
     seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]
-    train = data.TokenLoader(train_set.encode(tok, seq_len), args.batch_size, shuffle=True, drop_last=True,
+    train_ids, test_ids = train_set.encode(tok, seq_len), test_set.encode(tok, seq_len)
+    train = data.TokenLoader(train_ids, args.batch_size, shuffle=True, drop_last=True,
                              rng=args.seed, device=args.device)
-    test = data.TokenLoader(test_set.encode(tok, seq_len), 2 * args.batch_size, device=args.device)
+    test = data.TokenLoader(test_ids, 2 * args.batch_size, device=args.device)
     overrides = {**overrides, "vocab_size": len(tok), "num_classes": train_set.num_classes,
                  "pooling": args.pooling, "seed": args.seed}
 
@@ -89,6 +90,9 @@ def prepare(args, out, meta, preset, overrides):
             print(f"pretrained weights from {args.pretrained} (new: the classification head)")
 
     kind = "sentence pairs" if train_set.pairs is not None else "sentences"
+    cut = train_ids.truncated + test_ids.truncated
+    if cut:
+        print(f"note: {cut:,} {kind} are longer than --seq-len {seq_len} tokens and were cut to fit")
     return dict(train=train, test=test, tokenizer=tok, preset=preset, overrides=overrides, init=init,
                 describe=f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test {kind}",
                 done=lambda loss, acc: f"done: test accuracy {100 * acc:.2f}%, test loss {loss:.4f}")

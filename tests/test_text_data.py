@@ -157,6 +157,20 @@ def test_token_loader_batches_the_encoded_set():
     assert sorted(map(tuple, seen)) == sorted(map(tuple, tokens.ids))
 
 
+def test_encode_counts_the_examples_it_truncates():
+    ds = PairLookupTask(50, words=5, vocab=9, seed=0)
+    tok = Tokenizer.train(ds.corpus(), vocab_size=200)                 # every word one piece
+    lengths = [len(tok.encode(a, b, None)[0]) for a, b in zip(ds.texts, ds.pairs)]
+    assert set(lengths) == {9}                                         # [CLS] 5 [SEP] 1 [SEP]
+    assert ds.encode(tok, max_len=9).truncated == 0
+    assert ds.encode(tok, max_len=12).truncated == 0                   # padded rows are never cut
+    cut = ds.encode(tok, max_len=8)
+    assert cut.truncated == 50 and "50 truncated" in repr(cut)
+    small = Tokenizer.train(ds.corpus(), vocab_size=40)                # words cut into pieces
+    want = sum(len(small.encode(a, b, None)[0]) > 9 for a, b in zip(ds.texts, ds.pairs))
+    assert want > 0 and ds.encode(small, max_len=9).truncated == want
+
+
 def test_masked_lm_loader_hides_real_tokens_and_returns_them_in_order():
     ds = OrderTask(40, seq_words=6)
     tok = Tokenizer.train(ds.corpus(), vocab_size=100)

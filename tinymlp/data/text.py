@@ -98,8 +98,13 @@ class TextDataset:
         return self.texts + (self.pairs or [])
 
     def encode(self, tokenizer, max_len=128) -> "TokenDataset":
+        """Ids cut and padded to ``max_len``; ``.truncated`` counts the examples that were cut
+        (only a row without padding can have been: those are measured again uncut)."""
         ids, _ = tokenizer.encode_batch(self.texts, self.pairs, max_len)
-        return TokenDataset(ids, self.labels, self.classes, self.pairs is not None)
+        pairs = self.pairs or [None] * len(self)
+        full = np.flatnonzero(ids[:, -1] != tokenizer.pad_id)
+        truncated = sum(len(tokenizer.encode(self.texts[i], pairs[i], None)[0]) > max_len for i in full)
+        return TokenDataset(ids, self.labels, self.classes, self.pairs is not None, truncated=truncated)
 
     def __repr__(self):
         kind = "sentence pairs" if self.pairs is not None else "sentences"
@@ -109,10 +114,11 @@ class TextDataset:
 class TokenDataset:
     """Token ids (N, S) int64 and labels (N,) int64, ready for a ``TokenLoader``."""
 
-    def __init__(self, ids, labels, classes, paired=False):
+    def __init__(self, ids, labels, classes, paired=False, truncated=0):
         self.ids = np.asarray(ids, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.classes, self.paired = tuple(classes), bool(paired)
+        self.truncated = int(truncated)                # examples cut to fit seq_len
 
     @property
     def num_classes(self):
@@ -126,7 +132,8 @@ class TokenDataset:
         return len(self.labels)
 
     def __repr__(self):
-        return f"TokenDataset({len(self)} x {self.seq_len} ids, {self.num_classes} classes)"
+        cut = f", {self.truncated} truncated" if self.truncated else ""
+        return f"TokenDataset({len(self)} x {self.seq_len} ids, {self.num_classes} classes{cut})"
 
 
 class TokenLoader:
@@ -232,8 +239,11 @@ def PairLookupTask(num_examples=2000, words=5, vocab=16, seed=0, train=True):
 
     The answer is a position chosen by content. One attention head can do it in one step (B's word
     as the query finds its copy among A's keys and returns that key's position embedding); the
-    SGU's gate can too, by multiplying B's features with a fixed mix of A's. Give the model
-    position embeddings (``position="learned"``)."""
+    SGU's gate can too, by multiplying B's features with a fixed mix of A's, while its channels
+    suffice (lesson 12: with 16 words of 24, C = 32, one block, 30 epochs, a lone head reaches
+    about 0.9 test accuracy where gMLP and aMLP stay near chance). Give the model position
+    embeddings (``position="learned"``) and a tokenizer that keeps each word whole
+    (``vocab_size=200``), or a ``max_len`` that fits: ``encode(...).truncated`` counts the cut."""
     if not 1 < words <= vocab <= len(CONTENT):
         raise ValueError(f"PairLookupTask: need 1 < words <= vocab <= {len(CONTENT)}")
     rng = np.random.default_rng([seed, 4 if train else 5])
