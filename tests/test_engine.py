@@ -275,6 +275,19 @@ def test_unknown_device_name_is_rejected():
         tinymlp.tensor([1.0], device="tpu")
 
 
+@pytest.mark.parametrize("name", ["cuda", "CUDA", "gpu", "cuda:0", " cuda:00 "])
+def test_every_name_of_the_gpu_is_cuda(name):
+    assert tinymlp.backend.parse_device(name) == "cuda"
+
+
+@pytest.mark.parametrize("name", ["cuda:1", "cuda:7"])
+def test_a_second_gpu_is_chosen_with_cuda_visible_devices(name):
+    with pytest.raises(ValueError, match=f"CUDA_VISIBLE_DEVICES={name[-1]}.*device='cuda'"):
+        tinymlp.tensor([1.0], device=name)
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        tinymlp.nn.Linear(2, 3).to(name)
+
+
 # ------------------------------------------------------------------ user errors
 @pytest.mark.parametrize("values", [[1, 2], [True, False], np.arange(3, dtype=np.int32)])
 def test_integer_or_bool_tensor_cannot_require_grad(values):

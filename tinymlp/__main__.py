@@ -69,20 +69,23 @@ def doctor() -> int:
     runtime = cupy.cuda.runtime.runtimeGetVersion()
     driver = cupy.cuda.runtime.driverGetVersion()
     print(f"cuda    runtime {runtime // 1000}.{runtime % 1000 // 10}, driver {driver // 1000}.{driver % 1000 // 10}, {count} device(s)")
-    working = 0
     for index in range(count):
         props = cupy.cuda.runtime.getDeviceProperties(index)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         memory = props["totalGlobalMem"] / 2**30
-        device = "cuda" if index == 0 else f"cuda:{index}"
-        try:
-            result = _tiny_op(device)
-        except Exception as exc:
-            result = f"FAILED ({type(exc).__name__}: {exc})"
-        working += result == "ok"
-        print(f"  {device:7s} {name}, {memory:.1f} GiB, compute {props['major']}.{props['minor']}: tiny op: {result}")
-    gpu_verdict = (f"ready ({count} device(s))" if working == count
-                   else f"{count - working} of {count} device(s) FAILED the tiny op (see above)")
+        if index == 0:                                   # the GPU that device="cuda" means
+            try:
+                result = _tiny_op("cuda")
+            except Exception as exc:
+                result = f"FAILED ({type(exc).__name__}: {exc})"
+            ok = result == "ok"
+            result = f"tiny op: {result}"
+        else:
+            result = f"(to use it: CUDA_VISIBLE_DEVICES={index})"
+        label = "cuda" if index == 0 else f"GPU {index}"
+        print(f"  {label:7s} {name}, {memory:.1f} GiB, compute {props['major']}.{props['minor']}: {result}")
+    gpu_verdict = (f"ready (device 'cuda' = GPU 0 of {count})" if ok
+                   else "GPU 0 FAILED the tiny op (see above)")
     print(f"{cpu_verdict}; CUDA: {gpu_verdict}")
     return status
 

@@ -4,8 +4,11 @@ Every op receives raw arrays and asks ``xp = array_module(x)`` for the module th
 so the same formula runs on either device (Chainer's idea). CuPy is imported lazily, the first
 time a CUDA device is asked for, and is never needed on the CPU.
 
-Devices are named ``"cpu"``, ``"cuda"`` (the current GPU, index 0) and ``"cuda:N"``.
-The canonical form of a device name is ``"cpu"``, ``"cuda"`` for GPU 0 and ``"cuda:N"`` otherwise.
+Devices are named ``"cpu"`` and ``"cuda"`` (``"cuda:0"`` and ``"gpu"`` mean the same). tinymlp uses
+one GPU per process, the first one CuPy sees: to run on another, choose it before the process
+starts, ``CUDA_VISIBLE_DEVICES=2 python train.py --device cuda``. (A ``"cuda:N"`` for N > 0 would
+need every array, kernel launch, loader batch, optimizer buffer and random generator to make
+GPU N current first; refusing it is simpler than getting one of those silently wrong.)
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class CudaUnavailableError(RuntimeError):
 
 
 def parse_device(device) -> str:
-    """Return the canonical name of ``device`` ("cpu", "cuda" or "cuda:N"); raise on nonsense."""
+    """Return the canonical name of ``device`` ("cpu" or "cuda"); raise on anything else."""
     if device is None:
         return "cpu"
     name = str(device).strip().lower()
@@ -60,15 +63,18 @@ def parse_device(device) -> str:
         return "cpu"
     if name == "cuda" or name == "gpu":
         return "cuda"
-    if name.startswith("cuda:"):
-        index = name[5:]
-        if index.isdigit():
-            return "cuda" if int(index) == 0 else f"cuda:{int(index)}"
-    raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if name.startswith("cuda:") and name[5:].isdigit():
+        index = int(name[5:])
+        if index == 0:
+            return "cuda"
+        raise ValueError(
+            f"device {device!r}: tinymlp runs on one GPU per process, the first one CUDA shows it; "
+            f"to use GPU {index}, start the process with CUDA_VISIBLE_DEVICES={index} and pass "
+            f"device='cuda' (--device cuda)"
+        )
+    raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda'")
 
 
-def _device_index(device: str) -> int:
-    return 0 if device == "cuda" else int(device.split(":")[1])
 
 
 _cupy = None
@@ -164,13 +170,6 @@ def get_cupy(device: str = "cuda"):
             f"{advice[0].upper() + advice[1:]}; then check with: python -m tinymlp doctor",
             reason=reason,
         )
-    index = _device_index(device)
-    if index >= count:
-        raise CudaUnavailableError(
-            f"device {device!r} does not exist: CuPy sees {count} CUDA device(s), "
-            f"expected 'cuda' or 'cuda:0'..'cuda:{count - 1}'",
-            reason=f"{count} device(s)",
-        )
     return cupy
 
 
@@ -192,8 +191,10 @@ def device_of(x) -> str:
     """The canonical device name of array ``x``."""
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
-        index = x.device.id
-        return "cuda" if index == 0 else f"cuda:{index}"
+        if x.device.id != 0:
+            raise ValueError(f"a CuPy array on GPU {x.device.id}: tinymlp uses GPU 0 only; start the "
+                             f"process with CUDA_VISIBLE_DEVICES={x.device.id} to run on that GPU")
+        return "cuda"
     return "cpu"
 
 
@@ -209,7 +210,7 @@ def to_device(x, device):
     cupy = get_cupy(device)
     if isinstance(x, cupy.ndarray) and device_of(x) == device:
         return x
-    with cupy.cuda.Device(_device_index(device)):
+    with cupy.cuda.Device(0):
         return cupy.asarray(x)
 
 

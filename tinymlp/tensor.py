@@ -343,7 +343,7 @@ class Tensor:
 
 
 def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
-    """Create a leaf Tensor on ``device`` ("cpu", "cuda", "cuda:N").
+    """Create a leaf Tensor on ``device`` ("cpu" or "cuda").
 
     Floating-point data becomes float32 unless ``dtype`` says otherwise (pass
     ``dtype="float64"`` to keep double precision); integers and booleans keep their type.
