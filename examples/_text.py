@@ -13,6 +13,7 @@ scratch a small gMLP wants about 1e-3).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -48,8 +49,11 @@ def text_parser(description, datasets, default_dataset, **defaults):
             action.help = "training examples of --dataset synthetic (the test set has N/5)"
         elif action.dest == "batch_size":
             action.help = "sequences per training step"
-        elif action.dest in IMAGE_ONLY:
-            action.help = "(images only: refused for text)"
+        elif action.dest in IMAGE_ONLY + ("optimizer", "schedule"):
+            action.help = argparse.SUPPRESS       # image recipes: hidden here, refused if given
+    for group in p._action_groups:
+        if group.title and group.title.startswith("optimisation"):
+            group.title = "optimisation (AdamW, linear warmup then linear decay)"
     p.set_defaults(**{"batch_size": 32, "epochs": 10, **defaults})
     g = model_args(p)
     g.title = "model (defaults: the small gMLP of the text presets, models/text.py)"

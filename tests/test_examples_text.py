@@ -68,3 +68,13 @@ def test_offline_without_data_is_a_clear_error(tmp_path):
     assert "--data-dir" in result.stderr and "--dataset synthetic" in result.stderr
     result = run(MLM, "--dataset", "text", *TINY, cwd=tmp_path)
     assert result.returncode == 2 and "--text FILE" in result.stderr
+
+
+def test_image_only_flags_are_hidden_from_text_help_and_refused(tmp_path):
+    result = run(CLS, "--help", cwd=tmp_path)
+    assert result.returncode == 0 and "--attn-dim" in result.stdout
+    for flag in ("--flip", "--mixup", "--cutmix", "--optimizer", "--schedule"):
+        assert flag not in result.stdout
+    for flags in (["--mixup", "0.2"], ["--optimizer", "sgd"]):
+        result = run(CLS, "--dataset", "synthetic", *flags, cwd=tmp_path)
+        assert result.returncode == 2 and flags[0] in result.stderr and "Traceback" not in result.stderr
