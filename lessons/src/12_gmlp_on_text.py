@@ -402,6 +402,9 @@ plt.ylabel("test accuracy")
 plt.legend()
 plt.title(f"PairLookupTask: where in A ({words} words) is B's word?", fontsize=9)
 plt.show()
+# what the text below explains; if a change to tinymlp breaks it, this lesson says so
+final = {name: acc[-1] for name, acc in results.items()}
+assert final["attention alone"] > 0.6 and max(final["gMLP"], final["aMLP"]) < 0.3, final
 
 # %% [markdown]
 # **What happened.** The head on its own finds the place (about 0.9 after 30 epochs; 0.91-0.95
