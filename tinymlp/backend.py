@@ -75,8 +75,6 @@ def parse_device(device) -> str:
     raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda'")
 
 
-
-
 _cupy = None
 _cupy_error: str | None = None
 
