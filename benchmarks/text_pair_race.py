@@ -8,14 +8,21 @@ embeddings, AdamW, batch 32:
 
 - ``gmlp``: ``TextGMLP`` with ``--depth`` blocks of width ``--dim`` (d_ffn = 2 dim);
 - ``amlp``: the same with a tiny attention of width ``--attn-dim`` feeding each SGU's gate;
-- ``head``: embeddings -> LN -> one ``TinyAttention`` head -> mean over the real tokens -> head;
-- ``head-gated``: the same head with aMLP's product in front of its pooling, z1 * (1 + attn),
-  z1 = GELU(x U) the token's own features, as the head's output meets the SGU's gate in aMLP.
+- ``amlp-frozen-w``: the aMLP with the SGU's W held at zero, so that only the head can route;
+- ``head``: embeddings -> LN -> one ``TinyAttention`` head -> mean over the real tokens -> LN ->
+  classes (lesson 12's ``AttentionReader``);
+- ``head-gate``, ``head-ln``, ``head-gate-v-res``, ``head-gate-ln``: the head with what stands
+  between it and the pooling in an aMLP block: the gate's product z1 * (1 + attn) (z1 = GELU(x U),
+  the token's own features), the projection V, the residual, the per-token LayerNorm.
 
 Prints one line per (contender, seed): accuracy at the last epoch, the best epoch's, and the
 first epoch above 0.9. The lesson's race:
 
     python benchmarks/text_pair_race.py --words 16 --epochs 40 --seeds 0 1 2 3 4
+
+the stages of aMLP put behind the lone head (lesson 12's counts):
+
+    python benchmarks/text_pair_race.py --epochs 30 --seeds 0 1 2 3 4 --runs head head-gate head-ln head-gate-v-res head-gate-ln
 
 and the depth at which the SGU catches up:
 
@@ -36,41 +43,57 @@ from tinymlp.optim import AdamW, param_groups
 from tinymlp.text import Tokenizer
 from tinymlp.train import fit
 
-RUNS = ("gmlp", "amlp", "head", "head-gated")
+RUNS = ("gmlp", "amlp", "amlp-frozen-w", "head", "head-gate", "head-ln", "head-gate-v-res", "head-gate-ln")
 
 
 class AttentionReader(nn.Module):
-    """Token + position embeddings -> LN -> one TinyAttention head -> mean over the real tokens;
-    ``gated``: aMLP's product z1 * (1 + attn) before the mean."""
+    """Token + position embeddings -> LN -> one TinyAttention head -> mean over the real tokens
+    -> LN -> classes. ``stages`` puts what an aMLP block has between its head and the pooling:
+    "gate" (z1 * (1 + attn), z1 = GELU(x U)), "v" (a Linear after it), "res" (+ the embeddings),
+    "ln" (LayerNorm token by token before the mean, as TextGMLP does, instead of after it)."""
 
-    def __init__(self, vocab_size, seq_len, dim, attn_dim, num_classes, gated=False, seed=0):
+    def __init__(self, vocab_size, seq_len, dim, attn_dim, num_classes, stages=(), seed=0):
         super().__init__()
         rng = np.random.default_rng(seed)
+        self.stages = frozenset(stages)
         self.embed = nn.Embedding(vocab_size, dim, rng=rng)
         self.position = nn.PositionEmbedding(seq_len, dim, rng=rng)
         self.norm = nn.LayerNorm(dim)
         self.attn = nn.TinyAttention(dim, dim, attn_dim, rng=rng)
-        self.gate = nn.Linear(dim, dim, rng=rng) if gated else None
         self.out_norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes, rng=rng)
+        self.gate = nn.Linear(dim, dim, rng=rng) if "gate" in self.stages else None
+        self.v = nn.Linear(dim, dim, rng=rng) if "v" in self.stages else None
 
     def forward(self, ids):
         real = np.asarray(ids) != 0                                      # (B, S)
-        h = self.norm(self.position(self.embed(ids)))                    # (B, S, dim)
+        x = self.position(self.embed(ids))                               # (B, S, dim)
+        h = self.norm(x)
         a = self.attn(h, mask=real)                                      # (B, S, dim)
         if self.gate is not None:
             a = F.gelu(self.gate(h)) * (a + 1.0)                         # z1 * (1 + attn)
+        if self.v is not None:
+            a = self.v(a)
+        if "res" in self.stages:
+            a = x + a
+        if "ln" in self.stages:
+            a = self.out_norm(a)                                         # per token, then the mean
         pooled = (a * real[:, :, None]).sum(axis=1) / real.sum(axis=1, keepdims=True)
-        return self.head(self.out_norm(pooled))
+        return self.head(pooled if "ln" in self.stages else self.out_norm(pooled))
 
 
 def build(run, vocab_size, seq_len, args, seed):
-    if run in ("gmlp", "amlp"):
-        return TextGMLP(vocab_size, seq_len, dim=args.dim, depth=args.depth, ffn_dim=2 * args.dim,
-                        num_classes=args.words, attn_dim=args.attn_dim if run == "amlp" else None,
-                        position="learned", seed=seed)
-    return AttentionReader(vocab_size, seq_len, args.dim, args.attn_dim, args.words,
-                           gated=run == "head-gated", seed=seed)
+    if run.startswith(("gmlp", "amlp")):
+        model = TextGMLP(vocab_size, seq_len, dim=args.dim, depth=args.depth, ffn_dim=2 * args.dim,
+                         num_classes=args.words, attn_dim=args.attn_dim if run.startswith("amlp") else None,
+                         position="learned", seed=seed)
+        if run == "amlp-frozen-w":                      # only the head can route: W = 0, not trained
+            for block in model.blocks:
+                block.sgu.weight.data[...] = 0
+                block.sgu.weight.requires_grad = False
+        return model
+    stages = run.split("-")[1:]
+    return AttentionReader(vocab_size, seq_len, args.dim, args.attn_dim, args.words, stages, seed=seed)
 
 
 def main(argv=None):

@@ -19,5 +19,5 @@ def test_text_pair_race_runs_every_contender():
                          capture_output=True, text=True, timeout=300, check=False, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "4 words of 8" in out.stdout and "chance 0.25" in out.stdout
-    for run in ("gmlp", "amlp", "head", "head-gated"):
+    for run in ("gmlp", "amlp", "amlp-frozen-w", "head", "head-gate", "head-ln", "head-gate-v-res", "head-gate-ln"):
         assert f"{run} seed 0:" in out.stdout, (run, out.stdout)
