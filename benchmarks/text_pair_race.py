@@ -130,8 +130,9 @@ def main(argv=None):
                           epochs=args.epochs, progress=False)
             acc = history.val_acc
             above = next((i + 1 for i, a in enumerate(acc) if a > 0.9), None)
-            print(f"{run:>10} seed {seed}: {model.num_parameters():6,} parameters, test accuracy "
-                  f"{acc[-1]:.2f} (best {max(acc):.2f}, above 0.9 from epoch {above or '-'}), "
+            print(f"{run:>10} seed {seed}: {model.num_parameters():6,} parameters, train accuracy "
+                  f"{history.train_acc[-1]:.2f}, test accuracy {acc[-1]:.2f} (best {max(acc):.2f}, "
+                  f"above 0.9 from epoch {above or '-'}), "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
 
 

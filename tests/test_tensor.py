@@ -142,3 +142,18 @@ def test_module_level_functions_match_methods():
     np.testing.assert_array_equal(tinymlp.transpose(x).numpy(), x.T.numpy())
     np.testing.assert_array_equal(tinymlp.reshape(x, (3, 2)).numpy(), x.reshape(3, 2).numpy())
     np.testing.assert_array_equal(tinymlp.exp(x).numpy(), x.exp().numpy())
+
+
+def test_np_asarray_reads_a_cpu_tensor_whole_and_refuses_a_gpu_one(device):
+    x = arange(3, 4, device=device, requires_grad=True)
+    if device != "cpu":
+        with pytest.raises(TypeError, match=r"\.numpy\(\)"):
+            np.asarray(x)
+        return
+    a = np.asarray(x)
+    assert a is x.data                                   # shared, not read element by element
+    assert np.asarray(x, dtype=np.float64).dtype == np.float64
+    copied = np.array(x, copy=True)
+    copied[0, 0] = 99.0
+    assert x.data[0, 0] == 0.0
+    assert (np.asarray(tensor([3, 0, 5])) != 0).tolist() == [True, False, True]

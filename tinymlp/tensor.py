@@ -177,6 +177,16 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: the data of a CPU tensor, outside the graph (no gradient flows back
+        through it). Without this NumPy would read the tensor element by element through
+        ``__getitem__``. A CUDA tensor is refused: copy it to the host on purpose, ``t.numpy()``."""
+        if self.device != "cpu":
+            raise TypeError(f"np.asarray of a tensor on {self.device!r}: NumPy cannot read GPU memory; "
+                            f"copy it to the host with .numpy()")
+        data = self.data if dtype is None else self.data.astype(dtype, copy=False)
+        return data.copy() if copy else data
+
     def to(self, device=None, dtype=None) -> "Tensor":
         """A tensor on ``device`` and/or of ``dtype``; ``self`` when nothing changes.
 
