@@ -35,6 +35,7 @@ import shutil
 import tarfile
 import tempfile
 import urllib.request
+import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,7 @@ class Archive:
     train: dict
     test: dict
     label_files: tuple
+    kind: str = "tar.gz"          # or "zip"
 
     @property
     def record_bytes(self) -> int:
@@ -136,35 +138,40 @@ def _how_to_fix(spec: Archive, root: Path) -> str:
 
 
 # --------------------------------------------------------------------------- get it
-def prepare(spec: Archive, root=None, download=True, progress=True) -> Path:
+def prepare(spec: Archive, root=None, download=True, progress=True, *, check=None, advice=None) -> Path:
     """Make sure ``root/spec.folder`` holds the complete extracted archive; return that folder.
 
     Uses the extracted folder if it is there (no network), else unpacks ``spec.filename``
-    from ``root`` if it is there, else downloads it (when ``download``).
+    from ``root`` if it is there, else downloads it (when ``download``). Other data sets reuse
+    these steps with their own archive description (``name``, ``urls``, ``filename``, ``md5``
+    (None: not pinned), ``size``, ``folder``, ``kind``), ``check(spec, folder, fix)`` (raise a
+    DatasetError on incomplete files; default: the CIFAR record sizes) and ``advice(spec,
+    root)`` (what to do without the network).
     """
+    check, advice = check or _check_files, advice or _how_to_fix
     root = data_root(root)
     folder = root / spec.folder
     if folder.is_dir():
-        _check_files(spec, folder, fix=f"Delete the folder {folder} and run again with "
-                                       f"download=True to fetch and unpack a fresh copy.")
+        check(spec, folder, f"Delete the folder {folder} and run again with "
+                            f"download=True to fetch and unpack a fresh copy.")
         return folder
     archive = root / spec.filename
     downloaded = False
     if archive.is_file():
         actual = _md5(archive)
-        if actual != spec.md5:
+        if spec.md5 is not None and actual != spec.md5:
             raise DatasetError(
                 f"{archive} is corrupted or incomplete: its MD5 is {actual}, expected {spec.md5}. "
                 f"Delete it and run again with download=True to fetch a fresh copy.")
     elif not download:
         raise DatasetError(
             f"{spec.name} was not found in {root} and download=False. Pass download=True (in the "
-            f"example scripts: leave out --no-download) to fetch it. " + _how_to_fix(spec, root))
+            f"example scripts: leave out --no-download) to fetch it. " + advice(spec, root))
     else:
         root.mkdir(parents=True, exist_ok=True)
-        _download(spec, archive, progress)
+        _download(spec, archive, progress, advice)
         downloaded = True
-    _extract(spec, archive, root, remove_on_failure=downloaded)
+    _extract(spec, archive, root, downloaded, check)
     return folder
 
 
@@ -180,7 +187,7 @@ class _ChecksumError(Exception):
     pass
 
 
-def _download(spec: Archive, dest: Path, progress: bool) -> None:
+def _download(spec: Archive, dest: Path, progress: bool, advice) -> None:
     """Fetch ``spec`` from the first of its URLs that works; verify the MD5; rename into place."""
     failures, checksum_failed = [], False
     for url in spec.urls:
@@ -197,7 +204,7 @@ def _download(spec: Archive, dest: Path, progress: bool) -> None:
         raise DatasetError(f"downloading {spec.name} failed; nothing was kept:\n  {reasons}")
     raise DatasetError(
         f"could not download {spec.name} (no network?):\n  {reasons}\n"
-        + _how_to_fix(spec, dest.parent))
+        + advice(spec, dest.parent))
 
 
 def _fetch(url: str, dest: Path, spec: Archive, progress: bool) -> None:
@@ -207,7 +214,7 @@ def _fetch(url: str, dest: Path, spec: Archive, progress: bool) -> None:
     try:
         digest = hashlib.md5(usedforsecurity=False)
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            total = int(response.headers.get("Content-Length") or spec.size)
+            total = int(response.headers.get("Content-Length") or spec.size or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                       desc=spec.filename, disable=not progress) as bar:
                 while chunk := response.read(_CHUNK):
@@ -215,7 +222,7 @@ def _fetch(url: str, dest: Path, spec: Archive, progress: bool) -> None:
                     digest.update(chunk)
                     bar.update(len(chunk))
         actual = digest.hexdigest()
-        if actual != spec.md5:
+        if spec.md5 is not None and actual != spec.md5:
             raise _ChecksumError(
                 f"MD5 mismatch: expected {spec.md5}, got {actual} (a truncated or altered "
                 f"download); the file was removed")
@@ -225,7 +232,7 @@ def _fetch(url: str, dest: Path, spec: Archive, progress: bool) -> None:
             os.remove(part)
 
 
-def _extract(spec: Archive, archive: Path, root: Path, remove_on_failure: bool) -> None:
+def _extract(spec: Archive, archive: Path, root: Path, remove_on_failure: bool, check) -> None:
     """Unpack ``archive`` into a temporary folder in ``root``, check it, rename it into place.
 
     On failure nothing is left of the unpacking, and a freshly downloaded archive is removed.
@@ -237,18 +244,21 @@ def _extract(spec: Archive, archive: Path, root: Path, remove_on_failure: bool) 
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.folder}.", suffix=".unpacking"))
     try:
         try:
-            with tarfile.open(archive, "r:gz") as tar:
-                tar.extractall(tmp, filter="data")
+            if spec.kind == "zip":
+                _extract_zip(archive, tmp, fix)
+            else:
+                with tarfile.open(archive, "r:gz") as tar:
+                    tar.extractall(tmp, filter="data")
         except tarfile.FilterError as exc:
             raise DatasetError(
                 f"{archive} was refused: member {exc.tarinfo.name!r} would be written outside "
                 f"the data folder or is not a plain file ({type(exc).__name__}). Nothing was "
                 f"extracted. This is not the official archive. {fix}") from None
-        except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as exc:
             raise DatasetError(
                 f"{archive} could not be unpacked ({type(exc).__name__}: {exc}): it is truncated "
                 f"or corrupted. Nothing was extracted. {fix}") from None
-        _check_files(spec, tmp / spec.folder, fix=f"{archive} is not the expected archive. {fix}")
+        check(spec, tmp / spec.folder, f"{archive} is not the expected archive. {fix}")
         try:
             os.rename(tmp / spec.folder, root / spec.folder)
         except OSError:
@@ -260,6 +270,16 @@ def _extract(spec: Archive, archive: Path, root: Path, remove_on_failure: bool) 
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _extract_zip(archive: Path, tmp: Path, fix: str) -> None:
+    """A zip has no extraction filter: refuse it whole if any member would land outside ``tmp``."""
+    with zipfile.ZipFile(archive) as zf:
+        for member in zf.namelist():
+            if not (tmp / member).resolve().is_relative_to(tmp.resolve()):
+                raise DatasetError(f"{archive} was refused: member {member!r} would be written outside "
+                                   f"the data folder. Nothing was extracted. {fix}")
+        zf.extractall(tmp)
 
 
 def _check_files(spec: Archive, folder: Path, fix: str) -> None:

@@ -44,14 +44,6 @@ Generated tasks (no download; ``OrderTask``, ``PairMatchTask`` and ``PairLookupT
 
 from __future__ import annotations
 
-import hashlib
-import http.client
-import os
-import shutil
-import tarfile
-import tempfile
-import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,14 +51,12 @@ import numpy as np
 
 from ..backend import module_for_device, parse_device, to_device
 from ..tensor import Tensor
-from .cifar import DatasetError, _md5, data_root
+from .cifar import DatasetError, prepare
 
 __all__ = [
     "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
     "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
 ]
-
-_CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- datasets as arrays
@@ -298,102 +288,9 @@ def _how_to_fix(spec, root):
 
 
 def prepare_text(spec: TextArchive, root=None, download=True, progress=True) -> Path:
-    """Make sure ``root/spec.folder`` holds the checked files; return that folder (as CIFAR's ``prepare``)."""
-    root = data_root(root)
-    folder = root / spec.folder
-    if folder.is_dir():
-        _check_files(spec, folder, f"Delete the folder {folder} and run again with download=True.")
-        return folder
-    archive = root / spec.filename
-    downloaded = False
-    if archive.is_file():
-        if spec.md5 is not None and (actual := _md5(archive)) != spec.md5:
-            raise DatasetError(f"{archive} is corrupted or incomplete: its MD5 is {actual}, expected "
-                               f"{spec.md5}. Delete it and run again with download=True.")
-    elif not download:
-        raise DatasetError(f"{spec.name} was not found in {root} and download=False. Pass download=True "
-                           f"(in the example scripts: leave out --no-download) to fetch it. "
-                           + _how_to_fix(spec, root))
-    else:
-        root.mkdir(parents=True, exist_ok=True)
-        _download(spec, archive, progress)
-        downloaded = True
-    _extract(spec, archive, root, downloaded)
-    return folder
-
-
-def _download(spec, dest, progress):
-    failures = []
-    for url in spec.urls:
-        try:
-            _fetch(url, dest, spec, progress)
-            return
-        except DatasetError as exc:                      # a checksum mismatch: nothing kept
-            raise DatasetError(f"downloading {spec.name} from {url} failed: {exc}") from None
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            failures.append(f"{url}: {type(exc).__name__}: {exc}")
-    raise DatasetError(f"could not download {spec.name} (no network?):\n  " + "\n  ".join(failures)
-                       + "\n" + _how_to_fix(spec, dest.parent))
-
-
-def _fetch(url, dest, spec, progress):
-    from tqdm import tqdm  # noqa: PLC0415 - only a download needs it
-
-    fd, part = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        digest = hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            total = int(response.headers.get("Content-Length") or spec.size)
-            with tqdm(total=total, unit="B", unit_scale=True, desc=spec.filename, disable=not progress) as bar:
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-        if spec.md5 is not None and digest.hexdigest() != spec.md5:
-            raise DatasetError(f"MD5 mismatch: expected {spec.md5}, got {digest.hexdigest()} (a truncated "
-                               f"or altered download); the file was removed")
-        os.replace(part, dest)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
-
-
-def _extract(spec, archive, root, remove_on_failure):
-    """Unpack into a temporary folder, check, rename into place; on failure leave nothing."""
-    fix = ("The downloaded archive was removed." if remove_on_failure else
-           "Delete it and run again with download=True to fetch a fresh copy.")
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.folder}.", suffix=".unpacking"))
-    try:
-        try:
-            if spec.kind == "zip":
-                with zipfile.ZipFile(archive) as zf:
-                    for member in zf.namelist():
-                        target = (tmp / member).resolve()
-                        if not target.is_relative_to(tmp.resolve()):
-                            raise DatasetError(f"{archive} was refused: member {member!r} would be written "
-                                               f"outside the data folder. Nothing was extracted. {fix}")
-                    zf.extractall(tmp)
-            else:
-                with tarfile.open(archive, "r:gz") as tar:
-                    tar.extractall(tmp, filter="data")
-        except tarfile.FilterError as exc:
-            raise DatasetError(f"{archive} was refused: member {exc.tarinfo.name!r} would be written outside "
-                               f"the data folder or is not a plain file. Nothing was extracted. {fix}") from None
-        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
-            raise DatasetError(f"{archive} could not be unpacked ({type(exc).__name__}: {exc}): it is "
-                               f"truncated or corrupted. Nothing was extracted. {fix}") from None
-        _check_files(spec, tmp / spec.folder, f"{archive} is not the expected archive. {fix}")
-        try:
-            os.rename(tmp / spec.folder, root / spec.folder)
-        except OSError:
-            if not (root / spec.folder).is_dir():
-                raise
-    except DatasetError:
-        if remove_on_failure:
-            archive.unlink(missing_ok=True)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Make sure ``root/spec.folder`` holds the checked files; return that folder (CIFAR's
+    ``prepare``: the same download, checksum, safe unpacking and offline message)."""
+    return prepare(spec, root, download, progress, check=_check_files, advice=_how_to_fix)
 
 
 def _lines(path):
