@@ -1,0 +1,158 @@
+"""The GPU checklist's sync and parity steps, in one process (needs CuPy and a GPU).
+
+1. **No host synchronisation inside a training step.** For each model below, one step runs
+   outside (kernel compilation, memory pool warm-up), then the next batch is drawn from the
+   loader (crop, flip, normalise on the device) and a whole step (forward, loss, backward,
+   clip, AdamW, schedule) runs inside ``cupyx.allow_synchronize(False)``: any read of a device
+   value on the host raises there. Then ``fit()`` runs a short epoch the same way, the
+   end-of-epoch metric read alone allowed.
+2. **CPU/GPU parity.** The same preset, weights and batch give the same loss and gradients on
+   both devices (float32 tolerance), with the fast tier on and off.
+
+    python benchmarks/gpu_sync_check.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+
+import tinymlp
+import tinymlp.functional as F
+from tinymlp import fast, train
+from tinymlp.backend import get_cupy
+from tinymlp.data import Compose, DataLoader, HorizontalFlip, Normalize, RandomCrop, SyntheticImages
+from tinymlp.models import create
+from tinymlp.optim import AdamW, clip_grad_norm
+
+MODELS = {
+    "mixer_cifar": dict(),
+    "amlp_cifar": dict(),
+    "gmlp_cifar, 2-D Toeplitz": dict(name="gmlp_cifar", toeplitz="2d"),
+    "mixer_cifar, dropout 0.1": dict(name="mixer_cifar", dropout=0.1),
+}
+
+
+def loader(device, batch_size=64, num_images=256):
+    data = SyntheticImages(num_images=num_images, seed=0)
+    augment = Compose([RandomCrop(4), HorizontalFlip(), Normalize(data.mean, data.std)])
+    return DataLoader(data, batch_size=batch_size, shuffle=True, rng=0, transform=augment, device=device)
+
+
+def build(label, kwargs, device="cuda"):
+    kwargs = dict(kwargs)
+    name = kwargs.pop("name", label)
+    return create(name, **kwargs).to(device=device)
+
+
+def step(model, optimizer, x, y):
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    clip_grad_norm(model.parameters(), 1.0, sync=False)
+    optimizer.step()
+    return loss
+
+
+def sync_check(cp, cupyx):
+    failures = []
+    for label, kwargs in MODELS.items():
+        model = build(label, kwargs)
+        optimizer = AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+        batches = iter(loader("cuda"))
+        x, y = next(batches)
+        start = time.perf_counter()
+        step(model, optimizer, x, y)
+        cp.cuda.Device().synchronize()
+        first = time.perf_counter() - start
+        try:
+            with cupyx.allow_synchronize(False):
+                x, y = next(batches)
+                loss = step(model, optimizer, x, y)
+            print(f"  {label:28s} no host sync in a step: ok   (first step {first:.2f} s, "
+                  f"loss {float(loss.item()):.4f})")
+        except Exception as e:  # noqa: BLE001 - report every model
+            failures.append(label)
+            print(f"  {label:28s} FAILED: {type(e).__name__}: {e}")
+    # fit(): the end-of-epoch read of the metrics is the one allowed synchronisation
+    model = build("mixer_cifar", {})
+    optimizer = AdamW(model.parameters(), lr=1e-3)
+    read = train._to_host
+
+    def allowed_read(*scalars):
+        with cupyx.allow_synchronize(True):
+            return read(*scalars)
+
+    train._to_host = allowed_read
+    try:
+        with cupyx.allow_synchronize(False):
+            history = train.fit(model, optimizer, loader("cuda"), epochs=1, progress=False,
+                                  limit_batches=4, sync_every=10_000)
+        print(f"  fit(), 4 steps inside allow_synchronize(False): ok   (train loss "
+              f"{history.train_loss[-1]:.4f})")
+    except Exception as e:  # noqa: BLE001
+        failures.append("fit")
+        print(f"  fit() FAILED: {type(e).__name__}: {e}")
+    finally:
+        train._to_host = read
+    return failures
+
+
+def randomise(model, seed=0):
+    rng = np.random.default_rng(seed)
+    model.load_state_dict({k: v + 0.05 * rng.standard_normal(v.shape).astype(v.dtype)
+                           for k, v in model.state_dict().items()})
+    return model
+
+
+def loss_and_grads(model, x, y):
+    model.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return float(loss.item()), {n: np.asarray(p.grad.numpy() if hasattr(p.grad, "numpy") else p.grad,
+                                              dtype=np.float64)
+                                for n, p in model.named_parameters() if p.grad is not None}
+
+
+def parity():
+    failures = []
+    x_cpu, y_cpu = next(iter(loader("cpu", batch_size=16)))
+    for label, kwargs in MODELS.items():
+        kwargs = {k: v for k, v in kwargs.items() if k != "dropout"}   # dropout masks differ by device
+        for tier in ("fast", "reference"):
+            with (fast.enabled() if tier == "fast" else fast.disabled()):
+                cpu = randomise(build(label, kwargs, "cpu"))
+                gpu = randomise(build(label, kwargs, "cuda"))
+                loss_c, grads_c = loss_and_grads(cpu, x_cpu, y_cpu)
+                loss_g, grads_g = loss_and_grads(gpu, x_cpu.to("cuda"), y_cpu.to("cuda"))
+            overall = max(np.abs(g).max() for g in grads_c.values())
+            worst = max(np.abs(grads_g[n] - grads_c[n]).max() / max(np.abs(grads_c[n]).max(), 1e-3 * overall)
+                        for n in grads_c)
+            ok = abs(loss_g - loss_c) <= 1e-4 * abs(loss_c) and worst <= 1e-3 and grads_c.keys() == grads_g.keys()
+            failures += [] if ok else [f"{label} {tier}"]
+            print(f"  {label:28s} {tier:9s} loss cpu {loss_c:.6f} gpu {loss_g:.6f}   worst gradient "
+                  f"difference {worst:.1e} (relative)   {'ok' if ok else 'FAILED'}")
+    return failures
+
+
+def main():
+    cp = get_cupy()
+    import cupyx
+
+    print(f"tinymlp {tinymlp.__version__}, CuPy {cp.__version__}, "
+          f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+    print("no host synchronisation inside a step:")
+    failures = sync_check(cp, cupyx)
+    print("CPU/GPU parity (float32, batch 16, the same weights):")
+    failures += parity()
+    print("all ok" if not failures else f"FAILED: {', '.join(failures)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
