@@ -25,6 +25,7 @@ Every problem is one ``DatasetError`` that names the file (or folder) and what w
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +215,9 @@ def load_npz(path, size=32):
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file (expected an .npz with arrays {', '.join(NPZ_KEYS)})")
+    if not zipfile.is_zipfile(path):
+        raise DatasetError(f"{path}: not an .npz file (a zip of arrays, as numpy.savez writes; expected arrays "
+                           f"{', '.join(NPZ_KEYS)})")
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in NPZ_KEYS if k not in npz.files]

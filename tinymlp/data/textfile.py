@@ -126,7 +126,8 @@ def read_text_table(path, text_column="text", label_column="label", pair_column=
             if label_column:
                 labels.append(row[index["--label-column"]].strip())
     except csv.Error as err:
-        raise DatasetError(f"{path}, line {reader.line_num}: {err}") from None
+        hint = " (a double quote that is never closed?)" if "end of data" in str(err) else ""
+        raise DatasetError(f"{path}, line {reader.line_num}: {err}{hint}") from None
     if not texts:
         raise DatasetError(f"{path}: a header but no rows")
     if not label_column:
