@@ -401,3 +401,18 @@ def test_a_test_file_with_an_unknown_label_is_refused(tmp_path):
     refused(run("train_text_gmlp.py", "--dataset", "csv", "--train-file", path, "--test-file", other,
                 "--text-column", "review", "--label-column", "sentiment", *TINY_TEXT, cwd=tmp_path),
             "other.csv", "the label 'neutral'", "not a class of the training data (neg, pos)")
+
+
+def test_finetune_on_npz_arrays_gets_a_head_for_their_classes(tmp_path):
+    from tinymlp import interop, models
+
+    interop.save_timm(models.create("mixer_cifar", dim=16, depth=1, token_mlp_dim=8, channel_mlp_dim=32),
+                      tmp_path / "tiny.npz")
+    x = np.random.default_rng(0).integers(0, 256, size=(20, 32, 32, 3), dtype=np.uint8)
+    path = save_npz(tmp_path / "three.npz", x_train=x[:15], y_train=np.arange(15) % 3, x_test=x[15:],
+                    y_test=np.arange(5) % 3)
+    out = tmp_path / "run"
+    stdout = ok(run("finetune.py", "--pretrained", tmp_path / "tiny.npz", "--dataset", "npz", "--data-dir", path,
+                    "--epochs", "1", "--batch-size", "5", "--no-progress", "--out", out, cwd=tmp_path))
+    assert "a new zero head for 3 classes" in stdout
+    assert read_meta(out / "checkpoint.npz")["classes"] == ["0", "1", "2"]
