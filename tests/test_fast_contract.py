@@ -440,6 +440,45 @@ def test_compiled_sgu_layer_norm_on_large_arrays_matches_the_reference(dtype):
 
 
 @needs_numba
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("residual_layout", [None, "C", "token-major"])
+def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype, residual_layout, monkeypatch):
+    """The split gate's kernels (F, z1 * F; G * F, G * z1, the bias's sums; N) on the layouts the
+    models give them: z token-major, aMLP's residual in C order (the attention's output) or not."""
+    from tinymlp.fast import gating
+
+    rng = np.random.default_rng(2)
+    B, S, e = 48, 64, 96
+    z = laid_out(rng, (B, S, 2 * e), "token-major").astype(dtype)
+    arrays = [z, rng.standard_normal((S, S)).astype(dtype), rng.standard_normal(S).astype(dtype),
+              rng.standard_normal(e).astype(dtype), rng.standard_normal(e).astype(dtype)]
+    arrays.append(None if residual_layout is None else laid_out(rng, (B, S, e), residual_layout).astype(dtype))
+    ran = []
+    kernels = gating.KERNELS
+
+    class Counting:
+        @staticmethod
+        def forward(*a):
+            out = kernels.forward(*a)
+            ran.append(out is not None)
+            return out
+
+        @staticmethod
+        def backward(*a):
+            out = kernels.backward(*a)
+            ran.append(out is not None)
+            return out
+
+        affine = staticmethod(kernels.affine)
+
+    monkeypatch.setattr(gating, "KERNELS", Counting)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-3, atol=2e-5)
+    gate = lambda z, w, b, g, be, r: F.spatial_gating(z, w, b, g, be, eps=1e-5, gate_residual=r)  # noqa: E731
+    assert_same(run_both(gate, arrays, expect=SpatialGating), **tol)
+    assert ran and all(ran)
+
+
+@needs_numba
 @pytest.mark.parametrize("cls", [Adam, AdamW])
 def test_compiled_adam_equals_the_readable_one_in_float32_and_on_large_buffers(cls):
     rng = np.random.default_rng(0)
