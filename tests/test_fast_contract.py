@@ -25,7 +25,7 @@ from tinymlp import Tensor, fast
 from tinymlp.backend import to_device
 from tinymlp.models import AMLP, GMLP, MLPMixer, create
 from tinymlp.ops.activation import GELU
-from tinymlp.ops.attention import Attention, Softmax
+from tinymlp.ops.attention import Attention, SelfAttention, Softmax
 from tinymlp.ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from tinymlp.ops.linear import Linear
 from tinymlp.ops.norm import LayerNorm
@@ -153,6 +153,23 @@ def test_attention(B, n, m, d, masked, causal, seed):
                          expect=Attention))
 
 
+@given(B=dims, n=dims, d=dims, masked=st.booleans(), causal=st.booleans(), layout=st.sampled_from(["C", "token-major"]),
+       seed=st.integers(0, 2**16))
+def test_self_attention(B, n, d, masked, causal, layout, seed):
+    rng = np.random.default_rng(seed)
+    qkv = laid_out(rng, (B, n, 3 * d), layout)
+    mask = rng.random((B, n, n)) > 0.3 if masked else None
+    results = run_both(lambda qkv: F.self_attention(qkv, mask=mask, causal=causal), [qkv], seed, expect=SelfAttention)
+    assert_same(results)
+
+
+def test_self_attention_gradient_is_laid_out_like_its_input():
+    qkv = Tensor(laid_out(np.random.default_rng(0), (4, 6, 9), "token-major"), requires_grad=True, dtype="float64")
+    with fast.enabled():
+        F.self_attention(qkv).sum().backward()
+    assert qkv.grad.transpose(1, 0, 2).flags.c_contiguous
+
+
 @given(B=dims, S=dims, e=dims, variant=st.sampled_from(["split", "linear", "additive", "multiplicative"]),
        residual=st.booleans(), causal=st.booleans(), layout=st.sampled_from(["C", "token-major"]),
        seed=st.integers(0, 2**16))
@@ -220,7 +237,8 @@ def test_getitem_gradient_is_laid_out_like_its_input():
 
 
 def test_every_registered_implementation_is_covered_here():
-    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SpatialGating, Toeplitz1d, Toeplitz2d, Patchify, GetItem}
+    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SelfAttention, SpatialGating, Toeplitz1d, Toeplitz2d,
+              Patchify, GetItem}
     registered = {ref for (ref, _device) in fast.implementations()}
     assert registered <= tested, f"fast implementations without a contract test: {registered - tested}"
 
