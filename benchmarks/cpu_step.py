@@ -268,7 +268,8 @@ def recording_gemms(gemms):
 
     def attention(ctx, q, k, v, *rest, **kw):
         batch, n, d, m, dv = math.prod(q.shape[:-2]), q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        need = ctx.needs_input_grad     # (qkv,) when SelfAttention runs Attention's forward on its thirds
+        need_q, need_k, need_v = need[:3] if len(need) >= 3 else need[:1] * 3
         product(batch, n, d, m, need_q, need_k)
         product(batch, n, m, dv, need_q or need_k, need_v)
 

@@ -386,9 +386,21 @@ def before_raw_access(storage: Storage) -> None:
     storage.saves = pending
 
 
-def _may_share(arr):
-    """The array module's ``may_share_memory`` (a bounds test on the host, no device read)."""
-    return getattr(array_module(arr), "may_share_memory", None) or (lambda a, b: a is b or a.base is b or b.base is a)
+def _owner(arr):
+    """The array that owns ``arr``'s memory (NumPy and CuPy point a view's ``base`` at it)."""
+    base = getattr(arr, "base", None)
+    return arr if base is None else base
+
+
+def _shares(a, b):
+    """Whether arrays ``a`` and ``b`` may overlap: only views of one owner can, and for those
+    the array module's ``may_share_memory`` decides (a bounds test on the host, no device read)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or _owner(a) is not _owner(b):
+        return False
+    may_share = getattr(array_module(a), "may_share_memory", None)
+    return may_share(a, b) if may_share is not None else True
 
 
 def _checksum(arr) -> int:
@@ -398,20 +410,20 @@ def _checksum(arr) -> int:
 def _guard(ctx, args, arrays):
     """For each input Tensor whose memory forward saved: a ``_Saved`` record, also listed on
     the tensor's storage (so that ``.data`` can checksum it before a raw write)."""
-    saved = [s for s in ctx.saved_tensors if hasattr(s, "shape") and hasattr(s, "dtype")]
+    saved = [s for s in ctx.saved_tensors if hasattr(s, "dtype")]
     if not saved:
         return ()
+    owners = {id(_owner(s)) for s in saved}
     records = []
     for i, (a, arr) in enumerate(zip(args, arrays)):
-        if isinstance(a, Tensor) and arr.size:
-            may_share = _may_share(arr)
-            if any(type(s) is type(arr) and may_share(s, arr) for s in saved):
-                storage = storage_of(a)
-                record = _Saved(i, arr, storage, a.name, ctx)
-                if len(storage.saves) > 8:                     # graphs dropped without backward
-                    storage.saves = [s for s in storage.saves if s.pending()]
-                storage.saves.append(record)
-                records.append(record)
+        if (isinstance(a, Tensor) and id(_owner(arr)) in owners and arr.size
+                and any(_shares(s, arr) for s in saved)):
+            storage = storage_of(a)
+            record = _Saved(i, arr, storage, a.name, ctx)
+            if len(storage.saves) > 8:                     # graphs dropped without backward
+                storage.saves = [s for s in storage.saves if s.pending()]
+            storage.saves.append(record)
+            records.append(record)
     return tuple(records)
 
 
@@ -419,11 +431,10 @@ def _share_views(result, args, arrays):
     """An output that is a view of an input (a reshape, a slice) shares its input's storage:
     a write into one is a write into the other."""
     out = result._data
-    if getattr(out, "base", None) is None:
+    if getattr(out, "base", None) is None:     # owns its memory: a new array
         return
-    may_share = _may_share(out)
     for a, arr in zip(args, arrays):
-        if isinstance(a, Tensor) and type(arr) is type(out) and may_share(out, arr):
+        if isinstance(a, Tensor) and _shares(out, arr):
             result._storage = storage_of(a)
             return
 
@@ -474,8 +485,12 @@ def _check_inputs(fn, args, arrays, kwargs):
                 f"{fn.__name__}.apply: the tensor {key!r} was passed by keyword; pass tensors positionally, "
                 f"in forward's order (keyword arguments are options: a tensor there would get no gradient)"
             )
-    floats = [(i, arr.dtype) for i, arr in enumerate(arrays) if getattr(getattr(arr, "dtype", None), "kind", "") == "f"]
-    if len(floats) > 1 and _grad_mode.enabled:
+    dtypes = [d if isinstance(d := getattr(arr, "dtype", None), np.dtype) else None for arr in arrays]
+    if _grad_mode.enabled and len(set(dtypes) - {None}) > 1:     # several dtypes: look closer
+        floats = [(i, dtype) for i, dtype in enumerate(dtypes) if dtype is not None and dtype.kind == "f"]
+    else:
+        floats = ()
+    if len(floats) > 1:
         j, widest = max(floats, key=lambda f: f[1].itemsize)
         for i, dtype in floats:   # the output is `widest`: a narrower input's gradient would be too
             if dtype.itemsize < widest.itemsize and isinstance(args[i], Tensor) and args[i].requires_grad:
