@@ -125,9 +125,9 @@ class TanhOneElementOff(Function):
         return d
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_sampled_mode_does_not_pass_one_interior_element_off(seed):
-    x = leaf((300, 300), 100 + seed)
+    x = leaf((300, 300), seed)   # seed 4: the element's gradient is small, and the old sampling passed it
     report = failing(TanhOneElementOff.apply, (x,), seed=seed)
     result = report.per_tensor["x"]
     assert result.mode.startswith("sampled") and result.verdict == "FAIL"

@@ -23,7 +23,8 @@ This file is the method, top to bottom. ``help(tinymlp.gradcheck)`` says how to 
    (the denominator is the step actually represented in floating point, not the nominal 2h).
    Large tensors are *sampled*: corners, the first and last index of every axis, random
    coordinates, a few random directions, and every element inside a block checked along random
-   +-1 signs (sized so that one element off by 5% of the typical gradient fails its block). A
+   +-1 signs (sized so that one element off by 5% of the typical gradient, or by half its own,
+   fails its block). A
    failing tensor of at most 50,000 elements is then checked in full so that every bad element
    can be listed; a larger one has its failing blocks halved down to the wrong elements.
 4. **The comparison.** The analytical ``a_i`` is what backward put into ``.grad``::
@@ -315,7 +316,8 @@ def compare_tensor(run, c, result, a, rng):
 
     Sampled mode checks ``n_coords`` elements, ``n_proj`` Gaussian directions and, so that no
     element goes unchecked, every element inside a block checked along random +-1 signs (blocks
-    sized so that an element off by 5% of the RMS gradient fails). When anything fails, a tensor
+    sized so that an element off by 5% of the RMS gradient, or by half its own, fails; see
+    ``checks.blocks``). When anything fails, a tensor
     of up to FULL_FALLBACK_LIMIT elements is checked in full; a larger one has its failing
     blocks halved until the wrong elements are found, and those are checked one by one.
     """
@@ -328,9 +330,8 @@ def compare_tensor(run, c, result, a, rng):
     directions = []  # sampled mode: [(label, numerical, analytical), ...]
     if not full:
         directions = [(f"dir {k + 1}", nu, an) for k, (nu, an) in enumerate(checks.directional(run, c, a, rng))]
-        size, result.block_bound = checks.block_size(run, c, a_flat)
-        block_checks = checks.blocks(run, c, a_flat, rng, size)
-        result.n_blocks, result.block_rms = len(block_checks), float(np.sqrt(np.mean(np.square(a_flat))))
+        block_checks, result.block_promise = checks.blocks(run, c, a_flat, rng)
+        result.n_blocks = len(block_checks)
         directions += [(f"block {k + 1}", nu, an) for k, (nu, an, _, _) in enumerate(block_checks)]
         nu, an = np.array([(d[1], d[2]) for d in directions]).T
         direction_fails = classify(an, nu, s.rtol, s.atol_eff)[0] == FAIL

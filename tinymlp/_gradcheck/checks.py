@@ -7,8 +7,8 @@
   backward leaves its incoming gradient and the arrays forward saved alone, and gives the same
   gradients twice through one graph;
 * ``sample_positions`` / ``directional`` / ``blocks`` / ``locate``: what sampled mode checks on a
-  large tensor (every element is in one block checked along a random +-1 direction), and how a
-  failing block is halved down to its wrong elements;
+  large tensor (every element is in a block checked along random +-1 signs, small gradients in
+  small blocks), and how a failing block is halved down to its wrong elements;
 * ``kinks``, ``stability``, ``lost_precision`` and ``ignored_by_forward``: can the numerical
   side be trusted for a failing element (a kink within eps, an estimate that moves with eps, a
   forward that computes in float32 inside, an element that forward does not use at all)?
@@ -289,36 +289,53 @@ def directional(run, c, a_host, rng):
     return out
 
 
-BLOCK_TARGET = 0.05
-"""Sampled mode: an element off by more than this share of the RMS gradient fails a block."""
-MAX_BLOCKS = 256
+BLOCK_SHARE = 0.05  # an element off by this share of the RMS gradient fails its block ...
+OWN_SHARE = 0.5  # ... and so does one off by half its own gradient (a small gradient gets a small block)
+MAX_BLOCKS = 512
 LOCATE_BUDGET = 256  # directions spent halving failing blocks, per tensor
 
 
-def block_size(run, c, a_host):
-    """How many elements one +-1 direction may cover so that one wrong element cannot hide.
+def blocks(run, c, a_host, rng):
+    """Check every element of a large tensor, in blocks, each along random +-1 signs.
 
     Along d = s / sqrt(b) (random signs s on a block of b elements), an element whose gradient
     is off by e changes the directional derivative by e / sqrt(b), while the check tolerates
-    atol_eff + rtol * |directional derivative| (about rtol * RMS gradient). Blocks are sized
-    so that e = BLOCK_TARGET * RMS gradient fails with a margin of 2, in at most MAX_BLOCKS.
-    Returns (b, the error of one element that is sure to fail).
+    about ``tol`` = atol_eff + rtol * (the block's RMS gradient). So a block of b elements
+    catches, with a margin of 2, any element off by 2 tol sqrt(b). Each element j asks to be
+    caught when off by E_j = min(BLOCK_SHARE * RMS, OWN_SHARE * |a_j|) (never below 4 tol: what
+    a full check can see): elements are packed, largest E first, into blocks no larger than
+    (E / 2 tol)^2 for their smallest E. Large gradients share a few big blocks; small ones, where
+    a wrong factor is a small absolute error, get small blocks. (At most MAX_BLOCKS: then the
+    blocks are made larger and the report says what is still guaranteed.)
+
+    Returns ([(numerical, analytical, flat indices, signs), ...], description of the guarantee).
     """
     s = run.settings
-    rms = float(np.sqrt(np.mean(np.square(a_host)))) if a_host.size else 0.0
-    tolerance = s.atol_eff + s.rtol * rms
-    b = int((BLOCK_TARGET * rms / (2 * tolerance)) ** 2) if rms > 0 else c.size
-    b = max(b, math.ceil(c.size / MAX_BLOCKS), 1)
-    b = min(b, c.size)
-    return b, 2 * tolerance * math.sqrt(b)
-
-
-def blocks(run, c, a_host, rng, size):
-    """Split every element into blocks of ``size`` (a seeded shuffle) and check each block along
-    random +-1 signs: [(numerical, analytical, flat indices, signs), ...]."""
-    order = rng.permutation(c.size)
-    parts = [order[k:k + size] for k in range(0, c.size, size)]
-    return [_along(run, c, a_host, idx, rng.choice((-1.0, 1.0), size=len(idx))) for idx in parts]
+    a = np.abs(a_host.reshape(-1))
+    rms = float(np.sqrt(np.mean(a * a))) if a.size else 0.0
+    tol = s.atol_eff + s.rtol * rms
+    wanted = np.maximum(np.minimum(BLOCK_SHARE * rms, OWN_SHARE * a), 4 * tol)
+    order = np.lexsort((rng.random(a.size), -wanted))  # largest E first, ties in random order
+    limits = np.maximum(1, np.floor((wanted[order] / (2 * tol)) ** 2)).astype(np.int64)
+    starts, k = [], 0
+    while k < a.size:  # a block ends where its smallest E (its last element's) allows no more
+        starts.append(k)
+        size = 1
+        while k + size < a.size and size + 1 <= limits[k + size]:
+            size += 1
+        k += size
+    if len(starts) > MAX_BLOCKS:  # too many: equal blocks over the same order, and a weaker promise
+        step = math.ceil(a.size / MAX_BLOCKS)
+        starts = list(range(0, a.size, step))
+        promise = (f"an element off by more than {2 * tol * math.sqrt(step):.2g} fails its block "
+                   f"({len(starts)} blocks of {step}; smaller errors need mode='full')")
+    else:
+        promise = (f"an element off by more than {BLOCK_SHARE * rms:.2g} ({BLOCK_SHARE:.0%} of the RMS gradient) or "
+                   f"by half its own gradient (down to {4 * tol:.1g}) fails its block")
+    bounds = starts[1:] + [a.size]
+    checks = [_along(run, c, a_host, order[lo:hi], rng.choice((-1.0, 1.0), size=hi - lo))
+              for lo, hi in zip(starts, bounds)]
+    return checks, promise
 
 
 def locate(run, c, a_host, failing, rng, classify):

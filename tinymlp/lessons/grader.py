@@ -76,6 +76,7 @@ class Graded:
     seconds: float = 0.0
     run_seconds: float = 0.0
     executed: bool = False
+    notebook: object = None  # the executed notebook, when it was run
     outputs: str = ""  # everything the notebook printed (for the test suite and for debugging)
 
     @property
@@ -98,11 +99,22 @@ def _package_path() -> str:
     return str(pathlib.Path(__file__).resolve().parent.parent.parent)
 
 
-def execute(path, timeout=600, kernel_name="python3"):
-    """Run a notebook top to bottom in a fresh kernel; return (errors, claims, outputs, seconds).
+@dataclass
+class Execution:
+    """A notebook run top to bottom: what raised, what its checks printed, all it printed."""
 
-    ``claims`` maps an exercise id to what the notebook's check printed. The kernel imports the
-    tinymlp this grader belongs to (a PYTHONPATH already set comes first).
+    errors: list  # "cell 7: ZeroDivisionError: division by zero", one per cell that raised
+    claims: dict  # exercise id -> what the notebook's own check printed ("passed", "FAILED", "not done yet")
+    outputs: str  # everything the notebook printed
+    seconds: float
+    notebook: object  # the executed notebook (nbformat), outputs included
+
+
+def execute(path, timeout=600, kernel_name="python3") -> Execution:
+    """Run a notebook top to bottom in a fresh kernel (a cell that raises does not stop the rest).
+
+    The kernel imports the tinymlp this grader belongs to (a PYTHONPATH already set comes
+    first) and uses one BLAS thread (``thread_env``).
     """
     import nbclient
     import nbformat
@@ -139,7 +151,7 @@ def execute(path, timeout=600, kernel_name="python3"):
                 m = LINE.match(line)
                 if m:
                     claims[m.group("id")] = m.group("status")
-    return errors, claims, "\n".join(texts), seconds
+    return Execution(errors, claims, "\n".join(texts), seconds, nb)
 
 
 def _text_of(output) -> str:
@@ -210,8 +222,9 @@ def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_ti
     graded = Graded(nb.student, str(path), nb.lesson)
     claims = {}
     if execute_first:
-        graded.errors, claims, graded.outputs, graded.run_seconds = execute(path, cell_timeout)
-        graded.executed = True
+        run = execute(path, cell_timeout)
+        graded.errors, claims, graded.outputs, graded.run_seconds = run.errors, run.claims, run.outputs, run.seconds
+        graded.executed, graded.notebook = True, run.notebook
     ids = sorted((k for k in EXERCISES if EXERCISES[k].lesson == nb.lesson), key=_order)
     for ex_id in ids:
         ex = EXERCISES[ex_id]

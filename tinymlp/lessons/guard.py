@@ -145,13 +145,17 @@ class Guard:
         anywhere, self.backward_codes = _engine()
         self.backward_codes = dict(self.backward_codes)
         self.codes.update(anywhere)
+        self.references = {}  # reference Function classes -> the sentence (for an .apply refused in backward)
         for dotted in ex.forbidden:
             obj = resolve(dotted)
             where = _where(obj)
             for item in _subclasses(obj) if isinstance(obj, type) else [obj]:
                 module = getattr(item, "__module__", None) or dotted.rsplit(".", 1)[0]
+                if isinstance(item, type):
+                    self.references[item] = (f"the answer calls {module}.{item.__qualname__} ({where}), the library's "
+                                             f"own implementation of what exercise {ex.id} asks for: write it yourself")
                 for code in _codes_of(item):
-                    self.codes[code] = (f"the answer calls {module}.{code.co_qualname} ({where}), the library's "
+                    self.codes.setdefault(code, f"the answer calls {module}.{code.co_qualname} ({where}), the library's "
                                         f"own implementation of what exercise {ex.id} asks for: write it yourself")
         self.kinds = []  # the answer contexts we are inside: "forward", "backward", "call"
         self.violations = []
@@ -185,6 +189,8 @@ class Guard:
         reason = self.codes.get(code)
         if reason is None and self.kinds[-1] == "backward":
             reason = self.backward_codes.get(code)
+            if reason is not None and frame.f_locals.get("cls") in self.references:  # Reference.apply
+                reason = self.references[frame.f_locals["cls"]]
         if reason is not None:
             if reason not in self.violations:
                 self.violations.append(reason)

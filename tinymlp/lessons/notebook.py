@@ -20,6 +20,7 @@ and reaching into the interpreter (frames, ``sys.modules``, ``__globals__``, ``o
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import pathlib
 import re
@@ -181,7 +182,7 @@ class Notebook:
                     needed |= self.statements[i].uses
                     changed = True
         bound = set().union(*(self.statements[i].binds for i in keep)) if keep else set()
-        found = bool(_uses(expr) & bound)
+        found = all(name in bound or hasattr(builtins, name) for name in _uses(expr))
         program = Program(ex_id, ast.unparse(expr), [self.statements[i] for i in sorted(keep)], self.sources, found)
         program.scan()
         return program
@@ -205,9 +206,10 @@ def _root(node):
 def _binds(node):
     """(names a top-level statement binds, names it changes in place through a method call).
 
-    Changed in place: the object of a statement-level call ``rng.shuffle(a)``,
-    ``params.append(p)``, the first argument of ``np.add.at(dW, ...)``, ``setattr(obj, ...)``,
-    and the root of an assigned item or attribute (``W[0] = ...``, ``model.fc.weight = ...``).
+    Bound: assigned, imported, defined, and the root of an assigned item or attribute
+    (``W[0] = ...``, ``model.fc.weight = ...``, ``np.allclose = ...``). Changed in place: the
+    object of a statement-level call ``rng.shuffle(a)``, ``params.append(p)``, the first
+    argument of ``np.add.at(dW, ...)``, ``setattr(obj, ...)``.
     """
     table = symtable.symtable(ast.unparse(node), "<statement>", "exec")
     names = {s.get_name() for s in table.get_symbols()
@@ -215,7 +217,7 @@ def _binds(node):
     changed = set()
     for n in _walk_outside_functions(node):
         if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            changed.add(_root(n))
+            names.add(_root(n))  # W[0] = ..., np.allclose = ...: kept whenever the name is needed
         elif isinstance(n, ast.Expr) and isinstance(n.value, ast.Call):
             call = n.value
             if isinstance(call.func, ast.Attribute):
@@ -224,7 +226,7 @@ def _binds(node):
                     changed.add(_root(call.args[0]))
             elif isinstance(call.func, ast.Name) and call.func.id in ("setattr", "delattr") and call.args:
                 changed.add(_root(call.args[0]))
-    return names, changed - {None}
+    return names - {None}, changed - {None}
 
 
 def _walk_outside_functions(node):
@@ -262,9 +264,11 @@ def _transformer():
 
         def transform(source):
             try:
-                return manager.transform_cell(source)
+                out = manager.transform_cell(source)
             except Exception:  # noqa: BLE001: a cell IPython cannot read is left to ast.parse
                 return source
+            lead = len(source) - len(source.lstrip("\n"))  # IPython drops leading blank lines:
+            return "\n" * (lead - (len(out) - len(out.lstrip("\n")))) + out   # keep the cell's line numbers
         return transform
     except ImportError:
         return lambda source: "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line
