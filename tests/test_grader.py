@@ -324,6 +324,13 @@ dx = tinymlp.numerical_grad(lambda v: MyLayerNorm.apply(v, tinymlp.tensor(gamma)
 from tinymlp.ops.norm import LayerNorm
 MyLayerNorm = LayerNorm
 """, "calls tinymlp.ops.norm.LayerNorm"),
+    # apply replaced by a composition of tinymlp ops, so that the engine differentiates it
+    "apply composed of ops": ("04.1", ln_with("dx = None") + """
+def composed(cls, x, gamma, beta):
+    centred = x - x.mean(axis=-1, keepdims=True)
+    return gamma * centred / ((centred ** 2).mean(axis=-1, keepdims=True) + 1e-5).sqrt() + beta
+MyLayerNorm.apply = classmethod(composed)
+""", "lets the engine differentiate it"),
     # the refusal caught, and the library used another way
     "a refusal caught": ("04.1", ln_with("""
 try:
@@ -385,6 +392,35 @@ def mixer_block_parameters(S, C, D_S, D_C):
     except ValueError as err:
         return err.__traceback__.tb_frame.f_back.f_locals["want"]
 """, "uses .tb_frame"),
+    # answers that change the check's own inputs so that the reference agrees with them
+    "inputs zeroed": ("01.1", """
+import numpy as np
+
+def neuron_gradient(w, b, x, t):
+    x[...] = 0
+    return np.zeros_like(w), 0.0
+""", "dL/dw"),
+    "input zeroed (an array exercise)": ("07.2", """
+import numpy as np
+
+def toeplitz(w, S):
+    w[...] = 0
+    return np.zeros((S, S))
+""", "toeplitz(w, S="),
+    "the graph cut": ("02.1", """
+def topological_order(root):
+    root.parents = ()
+    return [root]
+""", "changed the graph"),
+    # the engine's apply replaced, so that the library's op runs outside the answer
+    "apply overridden": ("04.1", ln_with("dx = None") + """
+from tinymlp.ops.norm import LayerNorm
+MyLayerNorm.apply = classmethod(lambda cls, *args, **kwargs: LayerNorm.apply(*args, **kwargs))
+""", "calls tinymlp.ops.norm.LayerNorm"),
+    "the fast tier's kernels": ("04.1", ln_with("""
+import tinymlp.fast.norm
+dx = tinymlp.fast.norm.FastLayerNorm.backward(ctx, grad)[0]
+"""), "tinymlp.fast"),
     "eval": ("06.1", """
 def mixer_block_parameters(S, C, D_S, D_C):
     return eval("2 * (2 * C)")
@@ -400,7 +436,8 @@ def tiny(source, tmp_path, student="mallory", lesson="04"):
 @pytest.mark.parametrize("name", list(TRICKS))
 def test_every_trick_found_so_far_fails_with_its_reason(name, tmp_path, env):
     ex_id, source, reason = TRICKS[name]
-    answer = {"04.1": "MyLayerNorm", "06.1": "mixer_block_parameters"}[ex_id]
+    answer = {"01.1": "neuron_gradient", "02.1": "topological_order", "04.1": "MyLayerNorm",
+              "06.1": "mixer_block_parameters", "07.2": "toeplitz"}[ex_id]
     nb = new_notebook(cells=[new_code_cell(source), new_code_cell(f'check("{ex_id}", {answer})')])
     path = submit(tmp_path, "mallory", f"{ex_id[:2]}_trick.ipynb", nb)
     result = grader.grade_exercise(path, "mallory/trick.ipynb", ex_id, [None, SEED], timeout=60)

@@ -7,7 +7,9 @@ its gradients with the exact ones: a gradient estimated numerically agrees with 
 1e-10, a derived formula to about 1e-15 (``_exact``). The inputs are chosen so that the usual
 slips show (non-square weights, gains that are not 1, a batch larger than one), and each
 check draws them from its ``case``: the public case (the exercise's seed, what a notebook
-runs) or a hidden one (the grader's seed and other shapes).
+runs) or a hidden one (the grader's seed and other shapes). An answer gets copies of the
+inputs, and every reference is computed before the answer runs, so that an answer cannot
+change what it is compared with.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _close(name, got, want, rtol=1e-6, atol=1e-8):
         raise Wrong(f"{name}: shape {got.shape}, expected {want.shape}")
     if not np.allclose(got, want, rtol=rtol, atol=atol):
         diff = np.abs(got - want)
-        diff[np.isnan(diff)] = np.inf
+        diff = np.where(np.isnan(diff), np.inf, diff)
         i = np.unravel_index(int(np.argmax(diff)), diff.shape)
         raise Wrong(f"{name}: differs from the reference; largest difference {diff[i]:.3g} at index "
                     f"{tuple(int(k) for k in i)} (yours {got[i]:.6g}, expected {want[i]:.6g})")
@@ -157,7 +159,7 @@ def _neuron(neuron_gradient, case):
         x, w, b, t = rng.normal(size=n), rng.normal(size=n), rng.normal(), rng.normal() * 0.5
         y = 1 / (1 + np.exp(-(w @ x + b)))
         dz = (y - t) * y * (1 - y)
-        dw, db = neuron_gradient(w, b, x, t)
+        dw, db = neuron_gradient(w.copy(), b, x.copy(), t)
         _exact("dL/dw", dw, dz * x)
         _exact("dL/db", np.asarray(_array(db, "dL/db")).reshape(()), dz)
 
@@ -174,8 +176,9 @@ def _central(central_difference, case):
         got = central_difference(lambda v: v**3, x, h)
         _close(f"central_difference(x**3, {x:.4g}, h={h})", got, 3 * x * x + h * h, rtol=1e-9, atol=1e-12)
     xs = case.pick(np.array([0.0, 1.0, 2.0]), case.rng.uniform(-3, 3, size=5))
-    got = central_difference(np.sin, xs, 1e-5)
-    _close(f"central_difference(sin, {np.round(xs, 3).tolist()})", got, np.cos(xs), rtol=1e-8)
+    want = np.cos(xs)
+    got = central_difference(np.sin, xs.copy(), 1e-5)
+    _close(f"central_difference(sin, {np.round(xs, 3).tolist()})", got, want, rtol=1e-8)
 
 
 # ------------------------------------------------------------------------------ lesson 2
@@ -237,22 +240,25 @@ def _graphs(case):
           reference="tinymlp/autograd.py (_reverse_topological)")
 def _topo(topological_order, case):
     for root, _, _ in _graphs(case):
-        order = list(topological_order(root))
-        ids = [id(n) for n in order]
-        if len(set(ids)) != len(ids):
-            raise Wrong(f"a node appears more than once in the order: {order}")
         reachable, stack = {}, [root]
         while stack:
             n = stack.pop()
             if id(n) not in reachable:
                 reachable[id(n)] = n
                 stack.extend(n.parents)
+        parents = {k: n.parents for k, n in reachable.items()}
+        order = list(topological_order(root))
+        if any(n.parents is not parents[k] for k, n in reachable.items()):
+            raise Wrong("topological_order changed the graph (a node's parents): it must only read it")
+        ids = [id(n) for n in order]
+        if len(set(ids)) != len(ids):
+            raise Wrong(f"a node appears more than once in the order: {order}")
         if set(ids) != set(reachable):
             missing = [n for k, n in reachable.items() if k not in ids]
             raise Wrong(f"the order must hold every node the root depends on, once; missing {missing}")
         where = {k: i for i, k in enumerate(ids)}
         for n in order:
-            for p in n.parents:
+            for p in parents[id(n)]:
                 if where[id(p)] > where[id(n)]:
                     raise Wrong(f"{p} comes after {n}, which uses it: every node must come after its inputs")
 
@@ -290,7 +296,7 @@ def _unbroadcast(unbroadcast, case):
         for ax, n in enumerate(shape):
             if n == 1 and want.shape[ax] != 1:
                 want = want.sum(axis=ax, keepdims=True)
-        got = unbroadcast(g, shape)
+        got = unbroadcast(g.copy(), shape)
         _close(f"unbroadcast(grad of shape {gshape}, {shape})", got, want)
 
 
@@ -308,12 +314,13 @@ def _linear(cls, case):
         def linear(x, weight, bias):
             return cls.apply(x, weight, bias)
 
-        _close("forward", linear(x, w, b), x.numpy() @ w.numpy() + b.numpy())
+        X, Wn, bn = x.numpy().copy(), w.numpy().copy(), b.numpy().copy()
+        _close("forward", linear(x, w, b), X @ Wn + bn)
         _gc(linear, (x, w, b), case)
         g = rng.normal(size=lead + w_shape[1:])
-        dx, dw, db = _grads(linear, (x, w, b), g)
-        _exact("dL/dx", dx, g @ w.numpy().T)
-        _exact("dL/dweight", dw, _rows(x.numpy()).T @ _rows(g))
+        dx, dw, db = _grads(linear, (_t(X), _t(Wn), _t(bn)), g)
+        _exact("dL/dx", dx, g @ Wn.T)
+        _exact("dL/dweight", dw, _rows(X).T @ _rows(g))
         _exact("dL/dbias", db, _rows(g).sum(axis=0))
 
 
@@ -327,10 +334,11 @@ def _gelu_ex(cls, case):
     def gelu(x):
         return cls.apply(x)
 
-    _close("forward", gelu(x), _gelu(x.numpy()))
+    X = x.numpy().copy()
+    _close("forward", gelu(x), _gelu(X))
     _gc(gelu, (x,), case)
     g = case.rng.normal(size=x.shape)
-    _exact("dL/dx", _grads(gelu, (x,), g)[0], g * _gelu_grad(x.numpy()))
+    _exact("dL/dx", _grads(gelu, (_t(X),), g)[0], g * _gelu_grad(X))
 
 
 # ------------------------------------------------------------------------------ lesson 4
@@ -347,12 +355,13 @@ def _layernorm(cls, case):
     def layer_norm(x, gamma, beta):
         return cls.apply(x, gamma, beta)
 
-    _close("forward", layer_norm(x, gamma, beta), _layer_norm(x.numpy(), gamma.numpy(), beta.numpy(), 1e-5))
+    X, G, Bt = (t.numpy().copy() for t in (x, gamma, beta))
+    _close("forward", layer_norm(x, gamma, beta), _layer_norm(X, G, Bt, 1e-5))
     _gc(layer_norm, (x, gamma, beta), case)
     g = rng.normal(size=shape)
-    x_hat, r = _normalize(x.numpy(), 1e-5)
-    dx, dgamma, dbeta = _grads(layer_norm, (x, gamma, beta), g)
-    _exact("dL/dx", dx, _normalize_grad(g * gamma.numpy(), x_hat, r))
+    x_hat, r = _normalize(X, 1e-5)
+    dx, dgamma, dbeta = _grads(layer_norm, (_t(X), _t(G), _t(Bt)), g)
+    _exact("dL/dx", dx, _normalize_grad(g * G, x_hat, r))
     _exact("dL/dgamma", dgamma, _rows(g * x_hat).sum(axis=0))
     _exact("dL/dbeta", dbeta, _rows(g).sum(axis=0))
 
@@ -366,7 +375,7 @@ def _ln_jacobian(layer_norm_jacobian, case):
         row = case.rng.normal(loc=1.0, scale=2.0, size=D)
         x_hat, r = _normalize(row, 1e-5)
         want = r * (np.eye(D) - 1 / D - np.outer(x_hat, x_hat) / D)
-        _exact(f"J for a row of {D}", layer_norm_jacobian(row, 1e-5), want)
+        _exact(f"J for a row of {D}", layer_norm_jacobian(row.copy(), 1e-5), want)
 
 
 # ------------------------------------------------------------------------------ lesson 5
@@ -380,10 +389,11 @@ def _softmax_ex(cls, case):
     def softmax(x):
         return cls.apply(x)
 
-    _close("forward", softmax(x), _softmax(x.numpy()))
+    X = x.numpy().copy()
+    _close("forward", softmax(x), _softmax(X))
     _gc(softmax, (x,), case)
-    g, p = case.rng.normal(size=x.shape), _softmax(x.numpy())
-    _exact("dL/dx", _grads(softmax, (x,), g)[0], p * (g - (g * p).sum(axis=-1, keepdims=True)))
+    g, p = case.rng.normal(size=x.shape), _softmax(X)
+    _exact("dL/dx", _grads(softmax, (_t(X),), g)[0], p * (g - (g * p).sum(axis=-1, keepdims=True)))
 
 
 @exercise("05.2", "cross-entropy backward", answer="MyCrossEntropy", seed=9,
@@ -397,16 +407,16 @@ def _cross_entropy(cls, case):
     labels = case.rng.integers(0, V, size=N)
 
     def cross_entropy(logits):
-        return cls.apply(logits, labels)
+        return cls.apply(logits, labels.copy())
 
-    x = logits.numpy()
+    x = logits.numpy().copy()
     want = -np.mean(np.log(_softmax(x))[np.arange(N), labels])
     _close("forward (the mean over the batch)", cross_entropy(logits), want)
     _gc(cross_entropy, (logits,), case)
     g = float(case.rng.normal())
     d = _softmax(x)
     d[np.arange(N), labels] -= 1
-    _exact("dL/dlogits", _grads(cross_entropy, (logits,), g)[0], g * d / N)
+    _exact("dL/dlogits", _grads(cross_entropy, (_t(x),), g)[0], g * d / N)
 
 
 @exercise("05.3", "attention backward (dQ, dK, dV)", answer="MyAttention", seed=8,
@@ -422,15 +432,16 @@ def _attention_ex(cls, case):
         return cls.apply(q, k, v)
 
     scale = 1 / math.sqrt(d)
-    p = _softmax(q.numpy() @ k.numpy().transpose(0, 2, 1) * scale)
-    _close("forward", attention(q, k, v), p @ v.numpy())
+    Q, K, Vn = (t.numpy().copy() for t in (q, k, v))
+    p = _softmax(Q @ K.transpose(0, 2, 1) * scale)
+    _close("forward", attention(q, k, v), p @ Vn)
     _gc(attention, (q, k, v), case)
     g = rng.normal(size=(B, T, dv))
-    dp = g @ v.numpy().transpose(0, 2, 1)
+    dp = g @ Vn.transpose(0, 2, 1)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    dq, dk, dvv = _grads(attention, (q, k, v), g)
-    _exact("dL/dq", dq, ds @ k.numpy() * scale)
-    _exact("dL/dk", dk, ds.transpose(0, 2, 1) @ q.numpy() * scale)
+    dq, dk, dvv = _grads(attention, (_t(Q), _t(K), _t(Vn)), g)
+    _exact("dL/dq", dq, ds @ K * scale)
+    _exact("dL/dk", dk, ds.transpose(0, 2, 1) @ Q * scale)
     _exact("dL/dv", dvv, p.transpose(0, 2, 1) @ g)
 
 
@@ -444,7 +455,7 @@ def _rotation(rotation, case):
     pe = np.zeros((40, d))
     pe[:, 0::2], pe[:, 1::2] = np.sin(t * omega), np.cos(t * omega)
     for phi in case.pick((1, 3, 11), tuple(int(p) for p in case.rng.integers(1, 20, size=3))):
-        M = _array(rotation(phi, omega), f"rotation({phi}, omega)")
+        M = _array(rotation(phi, omega.copy()), f"rotation({phi}, omega)")
         if M.shape != (d, d):
             raise Wrong(f"rotation({phi}, omega) has shape {M.shape}, expected {(d, d)}")
         _close(f"M({phi}) p_t (every t)", pe[:-phi] @ M.T, pe[phi:], atol=1e-9)
@@ -473,7 +484,7 @@ def _token_mixing(cls, case):
                     f"{sorted((k, tuple(v.shape)) for k, v in names.items())}") from err
     for p in block.parameters():
         p.data = p.data.astype(np.float64)
-    _close("forward", block(tensor(x, dtype="float64")), want, rtol=1e-6, atol=1e-8)
+    _close("forward", block(tensor(x.copy(), dtype="float64")), want, rtol=1e-6, atol=1e-8)
     _gc(block, (_t(x),), case)
 
 
@@ -541,11 +552,11 @@ def _sgu(cls, case):
     def sgu(z, weight, bias, gamma, beta):
         return cls.apply(z, weight, bias, gamma, beta)
 
-    arrays = [t.numpy() for t in (z, W, b, gamma, beta)]
+    arrays = [t.numpy().copy() for t in (z, W, b, gamma, beta)]
     _close("forward", sgu(z, W, b, gamma, beta), _sgu_reference(*arrays, 1e-5))
     _gc(sgu, (z, W, b, gamma, beta), case)
     g = rng.normal(size=(B, S, e))
-    got = _grads(sgu, (z, W, b, gamma, beta), g)
+    got = _grads(sgu, tuple(_t(a) for a in arrays), g)
     for name, mine, want in zip(("z", "weight", "bias", "gamma", "beta"), got, _sgu_grads(*arrays, 1e-5, g)):
         _exact(f"dL/d{name}", mine, want)
 
@@ -562,7 +573,8 @@ def _toeplitz_reference(w, S):
 def _toeplitz(toeplitz, case):
     for S in case.pick((1, 4, 7), (2, 5, 6)):
         w = case.rng.normal(size=2 * S - 1)
-        _close(f"toeplitz(w, S={S})", toeplitz(w, S), _toeplitz_reference(w, S))
+        want = _toeplitz_reference(w, S)
+        _close(f"toeplitz(w, S={S})", toeplitz(w.copy(), S), want)
 
 
 @exercise("07.3", "Toeplitz backward (diagonal sums)", answer="toeplitz_backward", seed=13,
@@ -578,7 +590,7 @@ def _toeplitz_back(toeplitz_backward, case):
         want = np.zeros(2 * S - 1)
         i, j = np.indices((S, S))
         np.add.at(want, (i - j + S - 1).ravel(), g.ravel())
-        _exact(f"toeplitz_backward(dW of shape {(S, S)})", toeplitz_backward(g), want)
+        _exact(f"toeplitz_backward(dW of shape {(S, S)})", toeplitz_backward(g.copy()), want)
 
     class Toeplitz(Function):
         @staticmethod
@@ -619,8 +631,8 @@ def _tiny_params(tiny_attention_parameters, case):
 def _attention_weights(attention_weights, case):
     B, S, d = case.pick((2, 5, 4), (3, 6, 9))
     q, k = case.rng.normal(size=(B, S, d)), case.rng.normal(size=(B, S, d))
-    got = attention_weights(tensor(q, dtype="float64"), tensor(k, dtype="float64"))
     want = _softmax(q @ k.transpose(0, 2, 1) / math.sqrt(d))
+    got = attention_weights(tensor(q.copy(), dtype="float64"), tensor(k.copy(), dtype="float64"))
     _close("A = softmax(Q K^T / sqrt(d))", got, want)
 
 
@@ -637,13 +649,14 @@ def _rmsnorm(cls, case):
     def rms_norm(x, weight):
         return cls.apply(x, weight)
 
-    r = 1 / np.sqrt((x.numpy() ** 2).mean(axis=-1, keepdims=True) + 1e-6)
-    x_hat = x.numpy() * r
-    _close("forward", rms_norm(x, w), w.numpy() * x_hat)
+    X, Wn = x.numpy().copy(), w.numpy().copy()
+    r = 1 / np.sqrt((X ** 2).mean(axis=-1, keepdims=True) + 1e-6)
+    x_hat = X * r
+    _close("forward", rms_norm(x, w), Wn * x_hat)
     _gc(rms_norm, (x, w), case)
     g = rng.normal(size=shape)
-    h = g * w.numpy()
-    dx, dw = _grads(rms_norm, (x, w), g)
+    h = g * Wn
+    dx, dw = _grads(rms_norm, (_t(X), _t(Wn)), g)
     _exact("dL/dx", dx, r * (h - x_hat * (h * x_hat).mean(axis=-1, keepdims=True)))
     _exact("dL/dweight", dw, _rows(g * x_hat).sum(axis=0))
 
@@ -658,11 +671,12 @@ def _swish(cls, case):
     def swish(x):
         return cls.apply(x)
 
-    s = 1 / (1 + np.exp(-x.numpy()))
-    _close("forward", swish(x), x.numpy() * s)
+    X = x.numpy().copy()
+    s = 1 / (1 + np.exp(-X))
+    _close("forward", swish(x), X * s)
     _gc(swish, (x,), case)
     g = case.rng.normal(size=x.shape)
-    _exact("dL/dx", _grads(swish, (x,), g)[0], g * (s + x.numpy() * s * (1 - s)))
+    _exact("dL/dx", _grads(swish, (_t(X),), g)[0], g * (s + X * s * (1 - s)))
 
 
 @exercise("10.3", "a layer of your own, gradchecked", answer="(my_layer, layer_inputs)",
@@ -688,16 +702,17 @@ def _embedding(cls, case):
     E = _t(case.rng.normal(size=(V, C)))
     ids = case.pick(np.array([[1, 4, 4, 0], [4, 2, 1, 1]]),      # repeated ids: the sums must accumulate
                     np.array([[5, 5, 2], [0, 5, 6], [2, 2, 2]]))
-    _close("forward", cls.apply(E, ids), E.numpy()[ids])
+    En = E.numpy().copy()
+    _close("forward", cls.apply(E, ids.copy()), En[ids])
 
     def embedding(E):
-        return cls.apply(E, ids)
+        return cls.apply(E, ids.copy())
 
     _gc(embedding, (E,), case)
     g = case.rng.normal(size=ids.shape + (C,))
     want = np.zeros((V, C))
     np.add.at(want, ids, g)
-    _exact("dL/dE", _grads(embedding, (E,), g)[0], want)
+    _exact("dL/dE", _grads(embedding, (_t(En),), g)[0], want)
 
 
 @exercise("12.2", "mean over the real tokens (masked pooling)", answer="MaskedMean", seed=22,
@@ -714,15 +729,16 @@ def _masked_mean(cls, case):
                                [1, 1, 1, 1, 1]], dtype=bool))
     (B, S), C = mask.shape, case.pick(4, 3)
     m, n = mask[:, :, None], mask.sum(axis=1, keepdims=True)         # (B, S, 1), (B, 1)
-    x = _t(rng.normal(size=(B, S, C)))
-    y = cls.apply(x, mask)
+    X = rng.normal(size=(B, S, C))
+    x = _t(X.copy())
+    y = cls.apply(x, mask.copy())
     got = _array(y, "forward")
-    want = (x.numpy() * m).sum(axis=1) / n
+    want = (X * m).sum(axis=1) / n
     if got.shape == want.shape and not np.allclose(got, want):
-        if np.allclose(got, (x.numpy() * m).sum(axis=1) / S):
+        if np.allclose(got, (X * m).sum(axis=1) / S):
             raise Wrong(f"forward: divided by S = {S}, the padded length; divide sentence b by "
                         "n[b] = mask[b].sum(), its number of real tokens")
-        if np.allclose(got, x.numpy().mean(axis=1)):
+        if np.allclose(got, X.mean(axis=1)):
             raise Wrong("forward: the padding is averaged in; multiply by the mask before summing")
     _close("forward", y, want)
 
@@ -743,7 +759,7 @@ def _masked_mean(cls, case):
                         f"{np.round(dx[b, s], 4)} but must get exactly 0 (it does not enter y)")
 
     def masked_mean(x):
-        return cls.apply(x, mask)
+        return cls.apply(x, mask.copy())
 
     _gc(masked_mean, (_t(rng.normal(size=(B, S, C))),), case)  # any other slip: the report says where
     _exact("dL/dx", dx, want)

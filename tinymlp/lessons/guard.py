@@ -13,7 +13,10 @@ that says what was called and why it is not allowed:
 * the autograd engine (``Tensor.backward``) anywhere in an answer;
 * in a Function's backward: any tinymlp op (``Function.apply``: backward works on arrays and
   builds no graph) and the answer's own forward (re-running forward at nearby points is a
-  finite difference, not a derivation).
+  finite difference, not a derivation);
+* in an ``apply`` the answer defines in place of the engine's: any tinymlp op but the answer's
+  own (a replaced ``apply`` that calls ``LayerNorm.apply``, or composes ops for the engine to
+  differentiate, has not written the exercise's forward and backward).
 
 How: the answer is wrapped (a Function or Module subclass, a function) so that the guard
 knows when the answer's code is running, and a trace function (``sys.settrace``, called on
@@ -132,6 +135,14 @@ def _engine():
     return anywhere, in_backward
 
 
+@functools.lru_cache(maxsize=None)
+def _engine_apply():
+    """The code of the engine's ``Function.apply`` (every tinymlp op runs through it)."""
+    from ..autograd import Function
+
+    return Function.apply.__func__.__code__
+
+
 class Guard:
     """Run an exercise's answer with the forbidden code refusing to run inside it.
 
@@ -157,7 +168,8 @@ class Guard:
                 for code in _codes_of(item):
                     self.codes.setdefault(code, f"the answer calls {module}.{code.co_qualname} ({where}), the library's "
                                         f"own implementation of what exercise {ex.id} asks for: write it yourself")
-        self.kinds = []  # the answer contexts we are inside: "forward", "backward", "call"
+        self.kinds = []  # the answer contexts we are inside: "forward", "backward", "apply", "call"
+        self._own_functions = []  # the answer's Function classes (an apply it wrote may run them)
         self.violations = []
         self._previous = None
 
@@ -173,7 +185,7 @@ class Guard:
 
     @contextlib.contextmanager
     def inside(self, kind):
-        """The answer's code runs in here (kind: "forward", "backward" or "call")."""
+        """The answer's code runs in here (kind: "forward", "backward", "apply" or "call")."""
         if sys.gettrace() is not self._trace:  # an earlier refusal unset it (CPython does)
             sys.settrace(self._trace)
         self.kinds.append(kind)
@@ -191,11 +203,22 @@ class Guard:
             reason = self.backward_codes.get(code)
             if reason is not None and frame.f_locals.get("cls") in self.references:  # Reference.apply
                 reason = self.references[frame.f_locals["cls"]]
+        elif reason is None and self.kinds[-1] == "apply" and code is _engine_apply():
+            reason = self._foreign_op(frame.f_locals.get("cls"))
         if reason is not None:
             if reason not in self.violations:
                 self.violations.append(reason)
             raise Forbidden(reason)
         return None
+
+    def _foreign_op(self, cls):
+        """Why an ``apply`` the answer wrote may not run ``cls``'s op (None: it is the answer's own)."""
+        if not isinstance(cls, type) or any(issubclass(cls, own) for own in self._own_functions):
+            return None
+        if cls in self.references:
+            return self.references[cls]
+        return (f"the answer's apply runs tinymlp's {cls.__module__}.{cls.__qualname__} op and lets the engine "
+                "differentiate it: leave apply to the engine (Function.apply) and write forward and backward")
 
     # ------------------------------------------------------------------ wrapping the answer
     def wrap(self, answer):
@@ -228,6 +251,8 @@ class Guard:
         return guarded
 
     def _function(self, cls):
+        from ..autograd import Function
+
         guard = self
         fwd, bwd = cls.forward, cls.backward
         for code in _codes_of(fwd):  # re-running forward inside backward: a finite difference
@@ -248,6 +273,16 @@ class Guard:
                 with guard.inside("backward"):
                     return bwd(ctx, grad)
 
+            @classmethod
+            def apply(klass, *args, **kwargs):
+                if own_apply is None:
+                    return Function.apply.__func__(klass, *args, **kwargs)
+                with guard.inside("apply"):  # an apply the answer wrote: it may run its own op only
+                    return own_apply.__get__(None, klass)(*args, **kwargs)
+
+        own_apply = next((vars(c)["apply"] for c in cls.__mro__[:cls.__mro__.index(Function)]
+                          if "apply" in vars(c)), None)
+        self._own_functions.append(cls)
         Guarded.__name__, Guarded.__qualname__ = cls.__name__, cls.__qualname__
         Guarded.__module__, Guarded.__doc__ = cls.__module__, cls.__doc__
         return Guarded
@@ -263,6 +298,10 @@ class Guard:
             def forward(self, *args, **kwargs):
                 with guard.inside("call"):
                     return super().forward(*args, **kwargs)
+
+            def __call__(self, *args, **kwargs):  # Module's: calling the module calls forward
+                with guard.inside("call"):
+                    return self.forward(*args, **kwargs)
 
         Guarded.__name__, Guarded.__qualname__ = cls.__name__, cls.__qualname__
         Guarded.__module__, Guarded.__doc__ = cls.__module__, cls.__doc__

@@ -13,8 +13,9 @@ and, for each exercise, keeps the statements its answer needs:
    so that an error inside the answer points at the student's own line.
 
 ``scan`` then refuses what an exercise answer never needs and what could change its grade:
-imports beyond NumPy, math, tinymlp and a few standard helpers, ``exec``/``eval``, ``open``,
-and reaching into the interpreter (frames, ``sys.modules``, ``__globals__``, ``os._exit``).
+imports beyond NumPy, math, tinymlp and a few standard helpers, tinymlp's fast tier (compiled
+kernels the tracing guard cannot see into), ``exec``/``eval``, ``open``, and reaching into the
+interpreter (frames, ``sys.modules``, ``__globals__``, ``os._exit``).
 """
 
 from __future__ import annotations
@@ -88,12 +89,20 @@ class Program:
                     if isinstance(node, ast.ImportFrom) and node.level:
                         names = ["." * node.level + (node.module or "")]
                     for name in names:
-                        if name.split(".")[0] not in ALLOWED_IMPORTS:
+                        if name == "tinymlp.fast" or name.startswith("tinymlp.fast."):
+                            self.problems.append(
+                                f"the answer's code imports {name} {at}, the library's fast tier (compiled "
+                                "kernels of the same ops): write the computation yourself")
+                        elif name.split(".")[0] not in ALLOWED_IMPORTS:
                             self.problems.append(
                                 f"the answer's code imports {name} {at}: an answer may import numpy, math, "
                                 "tinymlp and the standard helpers (functools, itertools, collections, ...)")
                 elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
                     self.problems.append(f"the answer's code uses {node.id} {at}, which {FORBIDDEN_NAMES[node.id]}")
+                elif isinstance(node, ast.Attribute) and node.attr == "fast" and _root(node) == "tinymlp":
+                    self.problems.append(
+                        f"the answer's code uses tinymlp.fast {at}, the library's fast tier (compiled kernels of "
+                        "the same ops): write the computation yourself")
                 elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRIBUTES:
                     self.problems.append(
                         f"the answer's code uses .{node.attr} {at}, which {FORBIDDEN_ATTRIBUTES[node.attr]}")
