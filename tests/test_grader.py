@@ -137,7 +137,7 @@ def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_cla
     assert bob["status"] == "FAILED" and bob["score"] == 0.0
     assert bob["reason"].startswith("a term like g.mean(axis=")            # the report's first likely line
     assert re.search(r"^\s*likely\s*: a term like g\.mean", bob["details"], flags=re.M)
-    assert bob["reproduce"].startswith('tinymlp.gradcheck(*tinymlp.lessons.case("04.1", MyLayerNorm')
+    assert bob["reproduce"].startswith('import tinymlp.lessons; tinymlp.gradcheck(*tinymlp.lessons.case("04.1", MyLayerNorm')
     assert rows["bob", "04.2"]["status"] == "not done"
 
     carol = rows["carol", "04.1"]
@@ -491,13 +491,13 @@ def test_reproduce_lines_run_where_they_are_printed(tmp_path, env):
     path = submit(tmp_path, "bob", "04_layernorm.ipynb", nb)
     row = next(r for r in grader.grade_notebook(path, SEED, execute_first=False).rows if r.exercise == "04.1")
     printed = re.search(r"^\s*reproduce: (.*)$", _notebook_output(path), flags=re.M).group(1)
-    assert printed == 'tinymlp.gradcheck(*tinymlp.lessons.case("04.1", MyLayerNorm))'
+    assert printed == 'import tinymlp.lessons; tinymlp.gradcheck(*tinymlp.lessons.case("04.1", MyLayerNorm))'
     # the notebook's own line, and the grader's line for its failing case (public or hidden)
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(new_code_cell("from tinymlp import GradcheckError\n"
                                   f"for line in [{printed!r}, {row.reproduce!r}]:\n"
                                   "    try:\n"
-                                  "        eval(line)\n"
+                                  "        exec(line)\n"
                                   "    except GradcheckError as err:\n"
                                   "        print('reproduced:', err.report.per_tensor['x'].hint_kind)\n"))
     nb.cells.append(new_code_cell(f'check("04.1", MyLayerNorm, seed={SEED})'))
@@ -507,6 +507,22 @@ def test_reproduce_lines_run_where_they_are_printed(tmp_path, env):
     output = run.outputs
     assert output.count("reproduced: row_constant") == 2
     assert output.count("exercise 04.1 LayerNorm backward: FAILED") == 2
+
+
+def test_a_reproduce_line_runs_in_a_notebook_that_never_imported_tinymlp(capsys):
+    """A student's notebook may import only ``check``: the printed line must still run there."""
+    from tinymlp import GradcheckError
+
+    source = ln_with("g = grad * gamma\ndx = r * (g - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))")
+    source = source.replace("import tinymlp\n", "").replace("from tinymlp import F, Function, array_module",
+                                                            "from tinymlp import Function")
+    namespace = {"__name__": "__main__"}
+    exec(compile(source + '\ncheck("04.1", MyLayerNorm)\n', "<cell>", "exec"), namespace)  # noqa: S102
+    assert "tinymlp" not in namespace
+    printed = re.search(r"^\s*reproduce: (.*)$", capsys.readouterr().out, flags=re.M).group(1)
+    with pytest.raises(GradcheckError) as err:
+        exec(printed, namespace)  # noqa: S102: pasted into the notebook
+    assert err.value.report.per_tensor["x"].hint_kind == "row_constant"
 
 
 def _notebook_output(path):

@@ -107,7 +107,9 @@ def _gc(fn, inputs, case: Case):
     except GradcheckError as err:
         if case.call:
             extra = f", k={k}" if k else ""
-            err.report.settings.call = f"tinymlp.gradcheck(*tinymlp.lessons.case({case.call}{extra}))"
+            # the import makes the line run in a notebook that only imported ``check``
+            err.report.settings.call = (f"import tinymlp.lessons; "
+                                        f"tinymlp.gradcheck(*tinymlp.lessons.case({case.call}{extra}))")
             err.args = (err.report.summary(),)
         raise
 

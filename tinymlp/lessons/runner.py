@@ -235,9 +235,9 @@ def expression_of(answer, names) -> str | None:
 def case(ex_id: str, answer, seed: int | None = None, k: int = 0):
     """``(fn, inputs)`` of the k-th gradcheck that exercise ``ex_id``'s check makes on ``answer``.
 
-    A failing report's reproduce line calls it: ``tinymlp.gradcheck(*tinymlp.lessons.case("04.1",
-    MyLayerNorm))`` repeats that gradcheck in the notebook, where its report can be read and
-    its arrays inspected (``seed=`` for a hidden case of the grader's).
+    A failing report's reproduce line calls it: ``import tinymlp.lessons; tinymlp.gradcheck(
+    *tinymlp.lessons.case("04.1", MyLayerNorm))`` repeats that gradcheck in the notebook, where
+    its report can be read and its arrays inspected (``seed=`` for a hidden case of the grader's).
     """
     from .exercises import Captured
 
