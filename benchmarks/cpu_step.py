@@ -67,6 +67,8 @@ from tinymlp.ops.linear import Linear
 from tinymlp.ops.matmul import MatMul
 from tinymlp.optim import AdamW
 
+from step_profile import StepProfile
+
 LR, WEIGHT_DECAY = 1e-3, 0.05
 _MNIST = dict(image_size=28, patch_size=4, in_channels=1, num_classes=10, dim=64, depth=4)
 MODELS = {   # name -> (preset, overrides, default timed steps)
@@ -266,7 +268,8 @@ def recording_gemms(gemms):
 
     def attention(ctx, q, k, v, *rest, **kw):
         batch, n, d, m, dv = math.prod(q.shape[:-2]), q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        need = ctx.needs_input_grad     # (qkv,) when SelfAttention runs Attention's forward on its thirds
+        need_q, need_k, need_v = need[:3] if len(need) >= 3 else need[:1] * 3
         product(batch, n, d, m, need_q, need_k)
         product(batch, n, m, dv, need_q or need_k, need_v)
 
@@ -381,6 +384,7 @@ def build(name, runs, batch, quick, torch, seed=0):
         if "fast" in runs:
             opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
             steps["fast"] = lambda: tinymlp_step(model, opt, x, labels)
+            steps["_profile"] = (model, opt, x, labels)
         if "reference" in runs:   # its own copy of the model, so the two never share a step
             ref_model = create(preset, **overrides)
             ref_opt = AdamW(ref_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
@@ -427,7 +431,7 @@ def alternate(runs, steps, warmup, gap):
 def bench_model(name, runs, args, torch):
     """One model's figures for ``runs`` timed in this process (in turn)."""
     steps = build(name, runs, args.batch_size, args.quick, torch)
-    model, floor = steps.pop("model"), steps.pop("_floor", None)
+    model, floor, profiled = steps.pop("model"), steps.pop("_floor", None), steps.pop("_profile", None)
     timed = {k: steps[k] for k in runs if k in steps}
     first = {k: float(timed[k]().item()) for k in timed if k != "matmul"}
     n = args.steps or model_config(name, args.quick)[2]
@@ -439,6 +443,8 @@ def bench_model(name, runs, args, torch):
               "peak": {}}
     if floor is not None:
         result["gflop"] = floor.flops / 1e9
+    if args.profile and profiled is not None:
+        result["profile"] = profile(*profiled, n, args.gap).table(result["ms"].get("matmul"))
     if args.memory:
         for k in timed:
             if k in ("fast", "reference", "fast-nonumba"):
@@ -446,6 +452,23 @@ def bench_model(name, runs, args, torch):
             elif k == "torch":
                 result["peak"][k] = torch_peak_bytes(torch, timed[k])
     return result
+
+
+def profile(model, optimizer, x, y, steps, gap):
+    """The fast step's time per op (``step_profile.StepProfile``), over ``steps`` steps."""
+    prof = StepProfile()
+
+    def rest(loss):
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    with prof.patched():
+        for _ in range(steps):
+            if gap:
+                time.sleep(gap)
+            prof.record(lambda: F.cross_entropy(model(x), y), rest)
+    return prof
 
 
 def merge(results):
@@ -456,8 +479,9 @@ def merge(results):
         for r in results:
             out[key].update(r.get(key, {}))
     for r in results:
-        if "gflop" in r:
-            out["gflop"] = r["gflop"]
+        for key in ("gflop", "profile"):
+            if key in r:
+                out[key] = r[key]
     return out
 
 
@@ -528,6 +552,11 @@ def print_table(results, runs, batch):
         print(f"  {res['name']} ({res['steps']} steps{gflop}): " + "; ".join(parts))
         losses = ", ".join(f"{k} {v:.4f}" for k, v in res["first_loss"].items())
         print(f"    first-step loss: {losses}  (ln 10 = {math.log(10):.4f}: zero heads)")
+    for res in results:
+        if "profile" in res:
+            print()
+            print(f"  {res['name']}: where the fast step's time goes (median ms per step, exclusive)")
+            print("\n".join(res["profile"]))
 
 
 # ----------------------------------------------------------------------------- main
@@ -542,6 +571,8 @@ def child_command(args, name, run):
         cmd.append("--quick")
     if args.memory:
         cmd.append("--memory")
+    if args.profile:
+        cmd.append("--profile")
     return cmd
 
 
@@ -586,6 +617,9 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for NumPy's BLAS, numba and PyTorch (default: NumPy's BLAS default)")
     parser.add_argument("--memory", action="store_true", help="also measure each step's peak bytes")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time the fast step op by op (forward and backward of each op, the engine, "
+                             "the optimizer) beside the matmul floor")
     parser.add_argument("--quick", action="store_true",
                         help="tiny models (8 x 8 images, width 8, depth 2), 2 steps, no gap: a smoke test")
     parser.add_argument("--show-config", action="store_true", help="print numpy.show_config() in full first")

@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 
 from _common import (
-    CHECKPOINT, CURVES, METRICS, RESUMED_OPTIMISATION, UsageError, _check_args, _check_resumable,
-    _check_writable, _explicit_flags, _loss, _resume_path, _write_metrics, make_parser, model_args,
+    CHECKPOINT, CONFUSION, CURVES, METRICS, OWN_DATA, RESUMED_OPTIMISATION, UsageError, _check_args,
+    _check_classes, _check_resumable, _check_writable, _explicit_flags, _loss, _resume_path, _write_metrics,
+    confusion, make_parser, model_args,
 )
 
-from tinymlp import CudaUnavailableError, backend, checkpoint, optim, plot
+from tinymlp import CudaUnavailableError, backend, checkpoint, data, optim, plot
 from tinymlp.checkpoint import CheckpointError
 from tinymlp.data import DatasetError
 from tinymlp.models.text import text_config
@@ -39,7 +40,8 @@ def text_parser(description, datasets, default_dataset, **defaults):
     for action in p._actions:
         if action.dest == "dataset":
             action.choices, action.default = datasets, default_dataset
-            action.help = "'synthetic' is generated text (no download)"
+            action.help = "'synthetic' is generated text (no download)" + (
+                "; 'csv' is your own CSV/TSV file (--train-file)" if "csv" in datasets else "")
         elif action.dest == "data_dir":
             action.help = ("folder holding (or receiving) the text archives; default: $TINYMLP_DATA, else "
                            "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp")
@@ -49,6 +51,9 @@ def text_parser(description, datasets, default_dataset, **defaults):
             action.help = "training examples of --dataset synthetic (the test set has N/5)"
         elif action.dest == "batch_size":
             action.help = "sequences per training step"
+        elif action.dest == "test_fraction":
+            action.help = ("--dataset csv without --test-file: F of each class's rows, chosen by a fixed seed, "
+                           "are held out as the test set")
         elif action.dest in IMAGE_ONLY + ("optimizer", "schedule"):
             action.help = argparse.SUPPRESS       # image recipes: hidden here, refused if given
     for group in p._action_groups:
@@ -71,6 +76,49 @@ def text_parser(description, datasets, default_dataset, **defaults):
     g.add_argument("--position", choices=["none", "learned", "sinusoidal"], default="none",
                    help="a position embedding (gMLP needs none: W sees positions)")
     return p
+
+
+def add_file_flags(p, labelled=True):
+    """--train-file, --text-column, --pair-column (and --test-file, --label-column): --dataset csv."""
+    g = [g for g in p._action_groups if g.title == "device and data"][0]
+    g.add_argument("--train-file", default=None, metavar="FILE",
+                   help="--dataset csv: a CSV or TSV file (UTF-8, a header line naming the columns)")
+    if labelled:
+        g.add_argument("--test-file", default=None, metavar="FILE",
+                       help="--dataset csv: the test rows, in a file like --train-file (default: hold "
+                            "--test-fraction of the training rows out)")
+    g.add_argument("--text-column", default="text", metavar="NAME", help="--dataset csv: the column of the texts")
+    if labelled:
+        g.add_argument("--label-column", default="label", metavar="NAME",
+                       help="--dataset csv: the column of the labels (strings or integers; sorted, they "
+                            "number the classes 0..K-1 and name them)")
+    g.add_argument("--pair-column", default=None, metavar="NAME",
+                   help="--dataset csv: a second text column, for sentence pairs ([CLS] a [SEP] b [SEP])")
+
+
+FILE_FLAGS = ("train_file", "test_file")
+
+
+def csv_datasets(args, labelled=True):
+    """(train, test) TextDatasets of --dataset csv (test None when not ``labelled``)."""
+    for name in FILE_FLAGS:
+        if getattr(args, name, None) and args.dataset != "csv":
+            raise UsageError(f"--{name.replace('_', '-')} is read with --dataset csv (not --dataset {args.dataset})")
+    if not args.train_file:
+        raise UsageError("--dataset csv needs --train-file FILE (a CSV or TSV file with a header line; "
+                         "--text-column and --label-column name its columns)")
+    label = args.label_column if labelled else None
+    train = data.read_text_table(args.train_file, args.text_column, label, args.pair_column)
+    if not labelled:
+        return train, None
+    if args.test_file:
+        test = data.read_text_table(args.test_file, args.text_column, label, args.pair_column,
+                                    classes=train.classes)
+        return train, test
+    train, test = data.split_text_dataset(train, args.test_fraction, seed=0)
+    print(f"note: no --test-file: {len(test):,} of the {len(train) + len(test):,} rows of {args.train_file} "
+          f"({args.test_fraction:g} of each class, chosen by a fixed seed) are held out as the test set")
+    return train, test
 
 
 def model_overrides(args):
@@ -134,6 +182,9 @@ def _train(args, prepare, explicit):
         if meta.get("dataset") != args.dataset:
             raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
     job = prepare(args, out, meta, preset, overrides)
+    classes = job.get("classes")
+    if meta is not None and classes is not None:
+        _check_classes(resume, meta, classes)
     train_loader, test_loader, tok = job["train"], job["test"], job["tokenizer"]
     if len(train_loader) == 0:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the training set")
@@ -185,7 +236,7 @@ def _train(args, prepare, explicit):
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
                         rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
-                        args=vars(args))
+                        classes=None if classes is None else list(classes), args=vars(args))
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}")
         if not bars:
@@ -202,8 +253,12 @@ def _train(args, prepare, explicit):
     else:
         test_loss, test_acc = evaluate(model, test_loader, args.limit_batches, loss_fn)
     _write_metrics(out, args, model, history)
+    plotted = args.dataset in OWN_DATA and classes is not None
+    if plotted:
+        confusion(model, test_loader, classes, out / CONFUSION, args.limit_batches,
+                  title=f"{name} on {Path(args.train_file).name}: test set")
     print(job["done"](test_loss, test_acc) + f" | {len(history)} epochs | outputs in {out}/ ({CHECKPOINT}, "
-          f"{METRICS}, {CURVES}, {TOKENIZER})")
+          f"{METRICS}, {CURVES}, {TOKENIZER}{', ' + CONFUSION if plotted else ''})")
     return 0
 
 

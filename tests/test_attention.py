@@ -232,3 +232,43 @@ def test_a_mask_with_extra_axes_is_refused_rather_than_broadcasting_the_output()
     q, k, v = (tensor(rng.standard_normal(s)) for s in [(4, 8), (5, 8), (5, 3)])
     with pytest.raises(ValueError, match="does not broadcast"):
         F.attention(q, k, v, mask=np.ones((7, 4, 5), dtype=bool))
+
+
+# --------------------------------------------------------------------------- packed self-attention
+@with_device
+@given(lead=st.lists(st.integers(1, 2), min_size=1, max_size=2).map(tuple), n=st.integers(1, 4),
+       d=st.integers(1, 3), option=st.sampled_from(["none", "mask", "causal"]), seed=seeds)
+def test_self_attention_gradcheck(lead, n, d, option, seed, device):
+    """SelfAttention (q, k, v the thirds of one input): its backward against finite differences."""
+    rng = np.random.default_rng(seed)
+    qkv = leaf(rng.normal(size=(*lead, n, 3 * d)), device)
+    mask = rng.random((*lead, n, n)) > 0.3 if option == "mask" else None
+    gradcheck(F.self_attention, (qkv,), kwargs={"mask": mask, "causal": option == "causal"}, seed=seed)
+
+
+def test_self_attention_is_attention_on_the_three_thirds(device):
+    rng = np.random.default_rng(4)
+    packed = rng.normal(size=(2, 5, 9))
+    out = F.self_attention(leaf(packed, device), causal=True).numpy()
+    q, k, v = (packed[..., 3 * i:3 * i + 3] for i in range(3))
+    causal = np.tril(np.ones((5, 5), dtype=bool))
+    for b in range(2):
+        np.testing.assert_allclose(out[b], reference_attention(q[b], k[b], v[b], causal), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"self_attention: qkv must be \(\.\.\., tokens, 3 d\).*\(2, 5, 8\)"):
+        F.self_attention(tensor(np.ones((2, 5, 8))))
+
+
+def test_swapped_thirds_in_the_packed_gradient_are_caught():
+    from tinymlp.ops.attention import SelfAttention
+
+    class Swapped(SelfAttention):
+        """A planted bug: dL/dk and dL/dv written in each other's place."""
+
+        @staticmethod
+        def backward(ctx, grad):
+            dq, dk, dv = Attention.backward(ctx, grad)
+            return np.concatenate([dq, dv, dk], axis=-1)
+
+    qkv = leaf(np.random.default_rng(5).normal(size=(2, 4, 6)))
+    with pytest.raises(GradcheckError):
+        gradcheck(Swapped.apply, (qkv,))

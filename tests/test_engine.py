@@ -227,10 +227,10 @@ def test_cpu_tensor_meeting_a_cuda_tensor_names_the_op_and_both_devices(fake_cup
 def test_check_same_device_unit(fake_cupy):
     a, b = tensor([1.0, 2.0]), _on_fake_gpu([3.0, 4.0])
     with pytest.raises(RuntimeError, match="different devices"):
-        autograd._check_same_device(Mul, (a, b), (a.data, b.data))
+        autograd._check_inputs(Mul, (a, b), (a.data, b.data), {})
     c = np.ones(2, dtype=np.float32)  # constants are not checked: ops convert them themselves
-    autograd._check_same_device(Mul, (a, 2.0, c), (a.data, 2.0, c))
-    autograd._check_same_device(Mul, (b, b), (b.data, b.data))
+    autograd._check_inputs(Mul, (a, 2.0, c), (a.data, 2.0, c), {})
+    autograd._check_inputs(Mul, (b, b), (b.data, b.data), {})
 
 
 def test_results_of_full_reductions_stay_usable_on_the_cpu():
@@ -602,7 +602,7 @@ def test_an_optimizer_step_before_backward_is_refused():
     for p in layer.parameters():
         p.grad = np.ones_like(p.data)
     opt.step()                                   # changes the weight forward saved
-    with pytest.raises(RuntimeError, match="modified in place after forward saved it"):
+    with pytest.raises(RuntimeError, match="modified in place by an in-place operation .*optimizer step"):
         loss.backward()
 
 
@@ -613,3 +613,95 @@ def test_an_input_that_was_not_saved_may_change():
     x.data[...] = 5.0
     y.backward()
     np.testing.assert_array_equal(x.grad, [1.0, 1.0])
+
+
+# ------------------------------------------------------------------ the in-place guard, every element
+@pytest.mark.parametrize("where", [(0, 1), (150, 151), (299, 298)])
+def test_a_change_of_any_one_element_of_a_saved_input_is_refused(where):
+    """Not a sample of the values: every element counts (a 300 x 300 weight, one element moved)."""
+    rng = np.random.default_rng(0)
+    x, w = leaf(rng.normal(size=(2, 300))), leaf(rng.normal(size=(300, 300)))
+    y = F.linear(x, w).sum()
+    w.data[where] += 1e-3
+    with pytest.raises(RuntimeError, match=r"Linear: input 1 'weight'.*modified in place through its array"):
+        y.backward()
+
+
+def test_reading_a_saved_input_without_writing_is_fine():
+    x, w = leaf(np.ones((2, 3))), leaf(np.ones((3, 2)))
+    y = F.linear(x, w).sum()
+    assert float(w.data.sum()) == 6.0 and float(np.asarray(w).sum()) == 6.0 and w.numpy().shape == (3, 2)
+    y.backward()
+    np.testing.assert_array_equal(w.grad, np.full((3, 2), 2.0))
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_an_optimizer_step_before_backward_is_refused_on_both_tiers(name, tier):
+    """The flat-buffer step of the fast tier writes without touching p.data: its version counts."""
+    from tinymlp import nn, optim
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 2))
+    opt = getattr(optim, name)(model.parameters(), lr=0.1)
+    x = Tensor(np.ones((5, 3), dtype=np.float32))
+    model(x).sum().backward()
+    opt.step()                                   # a first step: buffers made, nothing pending
+    loss = model(x).sum()
+    opt.step()                                   # the old gradients, applied before backward
+    with pytest.raises(RuntimeError, match="optimizer step before backward"):
+        loss.backward()
+
+
+def test_changing_one_parameter_does_not_stop_a_graph_that_saved_another():
+    """Parameters share the optimizer's flat buffer; a write into one is not a write into all."""
+    from tinymlp import nn, optim
+
+    a, b = nn.Linear(3, 3), nn.Linear(3, 3)
+    opt = optim.Adam([*a.parameters(), *b.parameters()], lr=0.1)
+    x = Tensor(np.ones((2, 3), dtype=np.float32))
+    (a(x).sum() + b(x).sum()).backward()
+    opt.step()                                   # the flat buffer now backs all four parameters
+    loss = b(x).sum()
+    with no_grad():
+        a.weight -= 1.0
+    loss.backward()
+    assert b.weight.grad is not None
+
+
+def test_a_second_backward_with_retained_graph_checks_again():
+    x, w = leaf(np.ones((2, 3))), leaf(np.ones((3, 2)))
+    y = F.linear(x, w).sum()
+    y.backward(retain_graph=True)
+    w.data[1, 1] = 7.0
+    with pytest.raises(RuntimeError, match="modified in place"):
+        y.backward()
+
+
+def test_a_tensor_passed_by_keyword_is_refused():
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x, w=None):
+            ctx.save_for_backward(w)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            (w,) = ctx.saved_tensors
+            return g * w
+
+    x, w = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    with pytest.raises(TypeError, match=r"Scale.apply: the tensor 'w' was passed by keyword; pass tensors positionally"):
+        Scale.apply(x, w=w)
+
+
+def test_float32_meeting_float64_is_refused_at_forward_naming_the_op_and_both_dtypes():
+    x32 = tensor([1.0, 2.0], requires_grad=True)                      # float32 by default
+    c64 = tensor([3.0, 4.0], dtype="float64")
+    with pytest.raises(TypeError, match=r"Add: input 0 'a' is float32 but input 1 'b' is float64.*x\.float\(\)"):
+        x32 + c64
+    w64 = leaf(np.ones((2, 2)))
+    with pytest.raises(TypeError, match=r"MatMul: input 0 'a' is float32 but input 1 'b' is float64"):
+        x32 @ w64
+    # no gradient goes to the narrower input: the wider result is fine, as in NumPy
+    assert (w64 @ tensor([1.0, 2.0])).dtype == np.float64
+    with no_grad():
+        assert (x32 + c64).dtype == np.float64

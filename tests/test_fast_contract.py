@@ -25,7 +25,7 @@ from tinymlp import Tensor, fast
 from tinymlp.backend import to_device
 from tinymlp.models import AMLP, GMLP, MLPMixer, create
 from tinymlp.ops.activation import GELU
-from tinymlp.ops.attention import Attention, Softmax
+from tinymlp.ops.attention import Attention, SelfAttention, Softmax
 from tinymlp.ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from tinymlp.ops.linear import Linear
 from tinymlp.ops.norm import LayerNorm
@@ -153,6 +153,23 @@ def test_attention(B, n, m, d, masked, causal, seed):
                          expect=Attention))
 
 
+@given(B=dims, n=dims, d=dims, masked=st.booleans(), causal=st.booleans(), layout=st.sampled_from(["C", "token-major"]),
+       seed=st.integers(0, 2**16))
+def test_self_attention(B, n, d, masked, causal, layout, seed):
+    rng = np.random.default_rng(seed)
+    qkv = laid_out(rng, (B, n, 3 * d), layout)
+    mask = rng.random((B, n, n)) > 0.3 if masked else None
+    results = run_both(lambda qkv: F.self_attention(qkv, mask=mask, causal=causal), [qkv], seed, expect=SelfAttention)
+    assert_same(results)
+
+
+def test_self_attention_gradient_is_laid_out_like_its_input():
+    qkv = Tensor(laid_out(np.random.default_rng(0), (4, 6, 9), "token-major"), requires_grad=True, dtype="float64")
+    with fast.enabled():
+        F.self_attention(qkv).sum().backward()
+    assert qkv.grad.transpose(1, 0, 2).flags.c_contiguous
+
+
 @given(B=dims, S=dims, e=dims, variant=st.sampled_from(["split", "linear", "additive", "multiplicative"]),
        residual=st.booleans(), causal=st.booleans(), layout=st.sampled_from(["C", "token-major"]),
        seed=st.integers(0, 2**16))
@@ -220,7 +237,8 @@ def test_getitem_gradient_is_laid_out_like_its_input():
 
 
 def test_every_registered_implementation_is_covered_here():
-    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SpatialGating, Toeplitz1d, Toeplitz2d, Patchify, GetItem}
+    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SelfAttention, SpatialGating, Toeplitz1d, Toeplitz2d,
+              Patchify, GetItem}
     registered = {ref for (ref, _device) in fast.implementations()}
     assert registered <= tested, f"fast implementations without a contract test: {registered - tested}"
 
@@ -437,6 +455,45 @@ def test_compiled_sgu_layer_norm_on_large_arrays_matches_the_reference(dtype):
               rng.standard_normal(e).astype(dtype), rng.standard_normal(e).astype(dtype)]
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-3, atol=2e-5)
     assert_same(run_both(lambda *a: F.spatial_gating(*a, eps=1e-5), arrays, expect=SpatialGating), **tol)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("residual_layout", [None, "C", "token-major"])
+def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype, residual_layout, monkeypatch):
+    """The split gate's kernels (F, z1 * F; G * F, G * z1, the bias's sums; N) on the layouts the
+    models give them: z token-major, aMLP's residual in C order (the attention's output) or not."""
+    from tinymlp.fast import gating
+
+    rng = np.random.default_rng(2)
+    B, S, e = 48, 64, 96
+    z = laid_out(rng, (B, S, 2 * e), "token-major").astype(dtype)
+    arrays = [z, rng.standard_normal((S, S)).astype(dtype), rng.standard_normal(S).astype(dtype),
+              rng.standard_normal(e).astype(dtype), rng.standard_normal(e).astype(dtype)]
+    arrays.append(None if residual_layout is None else laid_out(rng, (B, S, e), residual_layout).astype(dtype))
+    ran = []
+    kernels = gating.KERNELS
+
+    class Counting:
+        @staticmethod
+        def forward(*a):
+            out = kernels.forward(*a)
+            ran.append(out is not None)
+            return out
+
+        @staticmethod
+        def backward(*a):
+            out = kernels.backward(*a)
+            ran.append(out is not None)
+            return out
+
+        affine = staticmethod(kernels.affine)
+
+    monkeypatch.setattr(gating, "KERNELS", Counting)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-3, atol=2e-5)
+    gate = lambda z, w, b, g, be, r: F.spatial_gating(z, w, b, g, be, eps=1e-5, gate_residual=r)  # noqa: E731
+    assert_same(run_both(gate, arrays, expect=SpatialGating), **tol)
+    assert ran and all(ran)
 
 
 @needs_numba

@@ -121,3 +121,26 @@ def test_dropped_term_is_caught():
     per_tensor = err.value.report.per_tensor
     assert per_tensor["x"].verdict == "FAIL"
     assert per_tensor["weight"].verdict == per_tensor["bias"].verdict == "ok"
+
+
+@pytest.mark.parametrize("numba", [True, False])
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+def test_huge_rows_normalise_instead_of_overflowing_to_zero(scale, numba):
+    """float32 rows whose deviations pass sqrt(max float32) = 1.8e19: squaring them overflows,
+    var = inf and x_hat = 0 without the scaled variance. LayerNorm is scale-invariant, so the
+    result must equal the normalised unscaled rows."""
+    from tinymlp.fast import compiled
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 8)).astype(np.float32)
+    before = compiled.is_enabled()
+    compiled.set_enabled(numba and before)
+    try:
+        big = tensor(x * np.float32(scale), requires_grad=True)
+        y = F.layer_norm(big, None, None, eps=1e-5)
+        y.backward(np.ones((3, 8), dtype=np.float32))
+    finally:
+        compiled.set_enabled(before)
+    expected = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)
+    np.testing.assert_allclose(y.data, expected, rtol=1e-4, atol=1e-5)
+    assert np.isfinite(big.grad).all()

@@ -157,3 +157,128 @@ def test_np_asarray_reads_a_cpu_tensor_whole_and_refuses_a_gpu_one(device):
     copied[0, 0] = 99.0
     assert x.data[0, 0] == 0.0
     assert (np.asarray(tensor([3, 0, 5])) != 0).tolist() == [True, False, True]
+
+
+# ============================================================================ in-place operators
+def test_in_place_update_under_no_grad_changes_the_parameter_itself():
+    """The hand-written SGD step: p -= lr * p.grad changes the parameter the model holds."""
+    from tinymlp import F, nn, no_grad
+
+    layer = nn.Linear(3, 2, rng=0)
+    x = tensor(np.random.default_rng(0).normal(size=(4, 3)))
+    before = {name: p.data.copy() for name, p in layer.named_parameters()}
+    F.cross_entropy(layer(x), np.array([0, 1, 1, 0])).backward()
+    with no_grad():
+        for p in layer.parameters():
+            same = p
+            p -= 0.5 * p.grad
+            assert p is same                                   # the same object, not a new name
+    for name, p in layer.named_parameters():
+        np.testing.assert_allclose(p.data, before[name] - 0.5 * p.grad, rtol=1e-6)
+    assert next(layer.parameters()) is layer.weight
+
+
+@pytest.mark.parametrize("op, expected", [("+=", [3.0, 4.0]), ("-=", [-1.0, 0.0]), ("*=", [2.0, 4.0]),
+                                          ("/=", [0.5, 1.0]), ("**=", [1.0, 4.0])])
+def test_every_in_place_operator_writes_into_the_tensor(op, expected):
+    t = tensor([1.0, 2.0])
+    data = t.data
+    namespace = {"t": t}
+    exec(f"t {op} 2.0", namespace)
+    assert namespace["t"] is t and t.data is data
+    np.testing.assert_allclose(t.data, expected)
+
+
+def test_item_assignment_under_no_grad_and_the_finite_difference_idiom():
+    w = tensor(np.zeros((2, 3)), requires_grad=True)
+    with tinymlp.no_grad():
+        w[0, 1] += 0.25                     # w.__getitem__, then += on the element, then __setitem__
+        w[1] = tensor([1.0, 2.0, 3.0])
+        w[w > 2.5] = -1.0                   # a boolean mask given as a tensor
+    np.testing.assert_array_equal(w.data, [[0.0, 0.25, 0.0], [1.0, 2.0, -1.0]])
+
+
+def test_in_place_on_a_leaf_that_requires_grad_is_refused_outside_no_grad():
+    w = tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"leaf tensor that requires grad .* `with tinymlp.no_grad\(\):`"):
+        w -= 0.1
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        w[0] = 5.0
+    np.testing.assert_array_equal(w.data, [1.0, 2.0])      # refused before anything changed
+
+
+def test_in_place_that_the_graph_would_have_to_record_is_refused():
+    w = tensor([1.0, 2.0], requires_grad=True)
+    h = w * 2.0                                          # inside the graph
+    with pytest.raises(RuntimeError, match=r"not recorded by autograd .* x = x \+ y"):
+        h += 1.0
+    total = tensor(0.0)                                  # a constant accumulating a loss: the
+    with pytest.raises(RuntimeError, match="not recorded by autograd"):  # gradient would be lost
+        total += h.sum()
+
+
+def test_in_place_results_must_fit_the_tensor():
+    ids = tensor([1, 2, 3])
+    with pytest.raises(TypeError, match=r"x \+= y in place, with x of shape \(3,\) \(int64\)"):
+        ids += 0.5
+    row = tensor([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"x \+= y .* of shape \(3, 2\).*fit x's shape"):
+        row += np.ones((3, 2), dtype=np.float32)
+    with pytest.raises(TypeError, match=r"x @= w: .* write x = x @ w"):
+        row @= tensor(np.eye(2))
+
+
+def test_an_in_place_change_of_a_saved_tensor_is_refused_at_backward():
+    x = tensor(np.ones((2, 3)), requires_grad=True)
+    w = tensor(np.ones((3, 2)), requires_grad=True)
+    loss = (x @ w).sum()
+    with tinymlp.no_grad():
+        w *= 2.0
+    with pytest.raises(RuntimeError, match=r"MatMul: input 1 'b'.*modified in place by an in-place operation"):
+        loss.backward()
+
+
+def test_a_write_through_a_view_reaches_the_tensor_it_views():
+    x = tensor(np.ones((2, 3)), requires_grad=True)
+    w = tensor(np.ones((3, 2)), requires_grad=True)
+    loss = (x @ w).sum()
+    with tinymlp.no_grad():
+        row = w[0]                                       # a view of w's memory
+        row += 1.0
+    assert w.data[0, 0] == 2.0
+    with pytest.raises(RuntimeError, match="modified in place"):
+        loss.backward()
+
+
+# ============================================================================ NumPy functions
+def test_numpy_functions_refuse_to_drop_a_gradient_and_name_the_op_to_use():
+    x = tensor([1.0, 2.0], requires_grad=True)
+    cases = [(lambda: np.exp(x), r"tinymlp\.exp\(x\)"),
+             (lambda: np.stack([x, x]), r"tinymlp\.stack"),
+             (lambda: np.where(x.data > 1, x, 0.0), r"tinymlp\.where"),
+             (lambda: np.sin(x), r"tinymlp\.Function"),
+             (lambda: np.mean(x), r"x\.mean")]
+    for call, message in cases:
+        with pytest.raises(TypeError, match="would return a plain array and lose the gradient; .*" + message):
+            call()
+
+
+def test_numpy_functions_run_on_the_arrays_when_no_gradient_is_at_stake():
+    x = tensor([1.0, 2.0], requires_grad=True)
+    c = tensor([0.5, 3.0])
+    np.testing.assert_allclose(np.exp(c), np.exp([0.5, 3.0]), rtol=1e-6)        # no grad involved
+    with tinymlp.no_grad():
+        assert isinstance(np.stack([x, x]), np.ndarray)                          # nothing recorded
+    assert np.argmax(x) == 1 and np.allclose(x, [1.0, 2.0])                      # no float result
+    assert np.isnan(x).dtype == np.bool_
+
+
+def test_operators_between_arrays_and_tensors_stay_in_the_graph():
+    x = tensor([1.0, 2.0], requires_grad=True)
+    a = np.array([3.0, 4.0], dtype=np.float32)
+    for y in (a * x, np.multiply(a, x), a + x * 0.0, a @ x):
+        assert isinstance(y, Tensor) and y.requires_grad
+    (a * x).sum().backward()
+    np.testing.assert_allclose(x.grad, a)
+    mask = a < x
+    assert isinstance(mask, Tensor) and mask.dtype == np.bool_ and not mask.requires_grad

@@ -348,3 +348,12 @@ def test_cifar_mixer_configuration_learns_the_synthetic_set():
     history = fit(model, opt, train_loader, epochs=epochs, scheduler=sched, clip=1.0, progress=False)
     _, accuracy = evaluate(model, DataLoader(test_set, 250, transform=norm))
     assert accuracy > 0.5, (accuracy, history.to_dict())
+
+
+def test_a_nan_validation_loss_is_warned_about():
+    train_loader, val_loader = loaders(n_train=24, n_val=16)
+    poisoned = DataLoader(val_loader.dataset, 16, transform=lambda x, y, rng: (x * np.float32("nan"), y))
+    model = tiny_mixer()
+    with pytest.warns(RuntimeWarning, match=r"epoch 1: the val loss is nan while the training loss is"):
+        history = fit(model, optimizer(model), train_loader, poisoned, epochs=1, progress=False)
+    assert math.isnan(history.val_loss[-1])

@@ -37,13 +37,14 @@ import os
 import sys
 import threading
 import weakref
+import zlib
 
 import numpy as np
 
-from .backend import device_of
+from .backend import array_module, device_of
 from .tensor import Tensor
 
-__all__ = ["Context", "Function", "GradientMismatchError", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
+__all__ = ["Context", "Function", "GradientMismatchError", "MixedPrecisionError", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
 
 
 # --------------------------------------------------------------------------- the fast-tier hook
@@ -154,6 +155,19 @@ class GradientMismatchError(RuntimeError):
             text = (f"{fn}.backward returned a {got} gradient for a {expected} input "
                     "(an accidental upcast? keep constants in the input's dtype)")
         super().__init__(text)
+
+
+class MixedPrecisionError(TypeError):
+    """An op's input that requires grad meets a wider float input (float32 and float64), so its
+    gradient would come back in the wider dtype. Attributes: ``fn``, ``name`` and ``dtype`` (the
+    narrower input), ``other`` and ``widest``."""
+
+    def __init__(self, fn, name, dtype, other, widest):
+        self.fn, self.name, self.dtype, self.other, self.widest = fn, name, np.dtype(dtype), other, np.dtype(widest)
+        super().__init__(
+            f"{fn}: {name} is {dtype} but {other} is {widest}, so the result and the gradient of {name} would "
+            f"be {widest}; convert them to one precision first (x.float() for float32, x.double() for float64)"
+        )
 
 
 class Context:
@@ -269,17 +283,18 @@ class Function:
         an input requires grad (and grad mode is on) the ``ctx`` becomes the output's node of
         the graph, so that ``backward`` is called during ``y.backward()``.
         """
-        arrays = [a.data if isinstance(a, Tensor) else a for a in args]
-        _check_same_device(cls, args, arrays)
+        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        _check_inputs(cls, args, arrays, kwargs)
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = _grad_mode.enabled and any(needs)
         impl = _implementation(cls, arrays)   # the reference itself, or its fast-tier stand-in
         ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
         out = impl.forward(ctx, *arrays, **kwargs)
         result = Tensor._from_op(out, ctx if record else None)
+        _share_views(result, args, arrays)
         if record:
             ctx.output = weakref.ref(result)
-            ctx.fingerprints = _fingerprints(args, arrays, ctx.saved_tensors)
+            ctx.guarded = _guard(ctx, args, arrays)
         return result
 
 
@@ -295,48 +310,201 @@ class _NoGraphContext:
         pass
 
 
-_SAMPLES = 16
+# --------------------------------------------------------------------------- the in-place guard
+# A gradient computed from values that changed after forward saved them is wrong, silently.
+# The guard refuses such a backward. It follows every write into a saved input, by two routes:
+#
+# - writes tinymlp makes (in-place operators, t[i] = v, optimizer steps, load_state_dict): each
+#   bumps the ``version`` of the tensor's memory (shared with the views and detached copies of
+#   the tensor); forward records the version of every input whose memory it saved, backward
+#   compares;
+# - writes through the raw array (``t.data[...] = v``, ``t.data -= lr * g``): the array is
+#   reached through ``t.data``, and that first read after a save takes a checksum (CRC-32) of
+#   the saved memory, before the caller can write; backward takes it again and compares.
+#
+# Nothing is copied and nothing is read in a step that does neither (the cost is a few small
+# objects per saved input). Not seen: a write through an array taken from ``.data`` *before*
+# the forward pass that saved it. On the GPU the versions are checked, the checksums are not
+# (they would read device memory back and stall the device).
 
 
-def _sample(arr):
-    """A few of ``arr``'s values, spread over it (a cheap fingerprint of its contents)."""
-    step = max(1, arr.size // _SAMPLES)
-    return arr.flat[::step][:_SAMPLES].copy()
+class Storage:
+    """What the in-place guard knows of one tensor's memory (shared by its views).
+
+    ``version`` counts the writes made through tinymlp; ``saves`` lists a ``_Saved`` for each
+    graph node that saved this memory and has not run its (last) backward yet."""
+
+    __slots__ = ("version", "saves")
+
+    def __init__(self):
+        self.version = 0
+        self.saves = []
 
 
-def _fingerprints(args, arrays, saved):
-    """For each input Tensor whose memory forward saved (NumPy only: reading values back from
-    a GPU would stall it): (index, its array, a sample of its values). backward compares them,
-    so that a saved input modified in place (``x.data[...] = ...``, an optimizer step before
-    backward) is an error instead of a silently wrong gradient."""
-    saved = [s for s in saved if type(s).__module__ == "numpy" and hasattr(s, "shape")]
-    prints = []
-    for i, (a, arr) in enumerate(zip(args, arrays)):
-        if (isinstance(a, Tensor) and type(arr).__module__ == "numpy" and arr.size
-                and any(np.may_share_memory(s, arr) for s in saved)):
-            prints.append((i, arr, _sample(arr), a.name))
-    return prints
+class _Saved:
+    """One input whose memory forward saved: enough for backward to tell whether it changed."""
+
+    __slots__ = ("index", "array", "storage", "version", "name", "checksum", "node")
+
+    def __init__(self, index, array, storage, name, node):
+        self.index, self.array, self.storage, self.name = index, array, storage, name
+        self.version = storage.version
+        self.checksum = None
+        self.node = weakref.ref(node)
+
+    def pending(self):
+        """Whether the node that saved the array may still run backward."""
+        node = self.node()
+        return node is not None and node.fn is not None
+
+
+def storage_of(t: Tensor) -> Storage:
+    """The guard's record of ``t``'s memory, made on first use."""
+    if t._storage is None:
+        t._storage = Storage()
+    return t._storage
+
+
+def mark_written(t: Tensor) -> None:
+    """Record a write into ``t``'s memory made through tinymlp (an in-place operator, an
+    optimizer step): a backward that needs the old values will refuse to run."""
+    if t._storage is not None:
+        t._storage.version += 1
+
+
+def before_raw_access(storage: Storage) -> None:
+    """Called by ``Tensor.data`` when a graph saved that memory: checksum it before the caller
+    can write through the raw array (once per saving node), and forget finished nodes."""
+    pending = [s for s in storage.saves if s.pending()]
+    sums = {}
+    for s in pending:
+        if s.checksum is None and type(s.array).__module__ == "numpy":
+            key = id(s.array)
+            if key not in sums:
+                sums[key] = _checksum(s.array)
+            s.checksum = sums[key]
+    storage.saves = pending
+
+
+def _owner(arr):
+    """The array that owns ``arr``'s memory (NumPy and CuPy point a view's ``base`` at it)."""
+    base = getattr(arr, "base", None)
+    return arr if base is None else base
+
+
+def _shares(a, b):
+    """Whether arrays ``a`` and ``b`` may overlap: only views of one owner can, and for those
+    the array module's ``may_share_memory`` decides (a bounds test on the host, no device read)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or _owner(a) is not _owner(b):
+        return False
+    may_share = getattr(array_module(a), "may_share_memory", None)
+    return may_share(a, b) if may_share is not None else True
+
+
+def _checksum(arr) -> int:
+    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+
+def _guard(ctx, args, arrays):
+    """For each input Tensor whose memory forward saved: a ``_Saved`` record, also listed on
+    the tensor's storage (so that ``.data`` can checksum it before a raw write)."""
+    saved = ctx.saved_tensors
+    if not saved:
+        return ()
+    records = []
+    for i, a in enumerate(args):
+        if not isinstance(a, Tensor):
+            continue
+        arr = arrays[i]
+        for s in saved:                  # the usual case: forward saved the input itself
+            if s is arr:
+                break
+        else:                            # or a view of its memory (a reshape, a transpose)
+            if not arr.size:
+                continue
+            owner = _owner(arr)
+            if not any(hasattr(s, "dtype") and _owner(s) is owner and _shares(s, arr) for s in saved):
+                continue
+        storage = a._storage if a._storage is not None else storage_of(a)
+        if len(storage.saves) > 8:                     # graphs dropped without backward
+            storage.saves = [s for s in storage.saves if s.pending()]
+        record = _Saved(i, arr, storage, a.name, ctx)
+        storage.saves.append(record)
+        records.append(record)
+    return records
+
+
+def _share_views(result, args, arrays):
+    """An output that is a view of an input (a reshape, a slice) shares its input's storage:
+    a write into one is a write into the other."""
+    out = result._data
+    if getattr(out, "base", None) is None:     # owns its memory: a new array
+        return
+    for a, arr in zip(args, arrays):
+        if isinstance(a, Tensor) and _shares(out, arr):
+            result._storage = storage_of(a)
+            return
 
 
 def _check_unmodified(node):
     """Raise if an input saved by ``node``'s forward was changed in place since (see above)."""
-    for i, arr, sample, name in getattr(node, "fingerprints", ()):
-        now = _sample(arr)
-        if not ((now == sample) | ((now != now) & (sample != sample))).all():   # NaN == NaN here
-            reference = getattr(node.fn, "reference", node.fn)
-            params = list(inspect.signature(reference.forward).parameters)[1:]
-            what = f"input {i}" + (f" '{params[i]}'" if i < len(params) and not params[i].startswith("*") else "")
-            what += f" (tensor '{name}')" if name else ""
-            raise RuntimeError(
-                f"{reference.__name__}: {what}, of shape {tuple(arr.shape)}, was modified in place after "
-                "forward saved it for backward (e.g. x.data[...] = ..., or an optimizer step before "
-                "backward()), so its gradients would be wrong; change a copy, or run backward() first"
+    for s in getattr(node, "guarded", ()):
+        if s.storage.version != s.version:
+            how = "by an in-place operation (x -= ..., x[i] = ..., or an optimizer step before backward())"
+        elif s.checksum is not None and _checksum(s.array) != s.checksum:
+            how = "through its array (x.data[...] = ..., x.data -= ...)"
+        else:
+            continue
+        reference = getattr(node.fn, "reference", node.fn)
+        what = _input_name(reference, s.index) + (f" (tensor '{s.name}')" if s.name else "")
+        raise RuntimeError(
+            f"{reference.__name__}: {what}, of shape {tuple(s.array.shape)}, was modified in place {how} "
+            "after forward saved it for backward, so its gradients would be wrong; change a copy, "
+            "or run backward() first"
+        )
+
+
+def _input_name(fn, i):
+    """"input 1 'weight'": positional input ``i`` of ``fn.forward``, by number and name."""
+    fn = getattr(fn, "reference", fn)
+    try:
+        params = list(inspect.signature(fn.forward).parameters)[1:]
+    except (TypeError, ValueError):
+        params = []
+    return f"input {i}" + (f" '{params[i]}'" if i < len(params) and not params[i].startswith("*") else "")
+
+
+def _release(node):
+    """The node ran its last backward: its records leave the storages' lists."""
+    for s in getattr(node, "guarded", ()):
+        if s in s.storage.saves:
+            s.storage.saves.remove(s)
+
+
+def _check_inputs(fn, args, arrays, kwargs):
+    """Refuse, at forward and naming the op, what backward would otherwise trip over later:
+    a Tensor among the keyword options (it would get no gradient), an input that requires grad
+    meeting a wider float (float32 meeting float64: the result would be float64, and the float32
+    input's gradient with it), a CPU array meeting a CUDA array."""
+    for key, value in kwargs.items():
+        if isinstance(value, Tensor):
+            raise TypeError(
+                f"{fn.__name__}.apply: the tensor {key!r} was passed by keyword; pass tensors positionally, "
+                f"in forward's order (keyword arguments are options: a tensor there would get no gradient)"
             )
-
-
-def _check_same_device(fn, args, arrays):
-    """A CPU array meeting a CUDA array is a user error: say which op and which devices."""
-    if "cupy" not in sys.modules:  # without CuPy every array is a NumPy array: nothing to check
+    dtypes = [d if isinstance(d := getattr(arr, "dtype", None), np.dtype) else None for arr in arrays]
+    if _grad_mode.enabled and len(set(dtypes) - {None}) > 1:     # several dtypes: look closer
+        floats = [(i, dtype) for i, dtype in enumerate(dtypes) if dtype is not None and dtype.kind == "f"]
+    else:
+        floats = ()
+    if len(floats) > 1:
+        j, widest = max(floats, key=lambda f: f[1].itemsize)
+        for i, dtype in floats:   # the output is `widest`: a narrower input's gradient would be too
+            if dtype.itemsize < widest.itemsize and isinstance(args[i], Tensor) and args[i].requires_grad:
+                raise MixedPrecisionError(fn.__name__, _input_name(fn, i), dtype, _input_name(fn, j), widest)
+    if "cupy" not in sys.modules:  # without CuPy every array is a NumPy array: nothing more to check
         return
     devices = [device_of(arr) for a, arr in zip(args, arrays) if isinstance(a, Tensor)]
     if len(set(devices)) > 1:
@@ -352,12 +520,12 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
         raise RuntimeError("backward() on a tensor that does not require grad (built under no_grad, or from constants)")
     xp = root._xp
     if grad is None:
-        if root.data.size != 1:
+        if root._data.size != 1:
             raise RuntimeError(
                 f"backward() without a gradient needs a scalar output, got shape {root.shape}; "
                 "pass backward(grad) with an array of that shape"
             )
-        grad = xp.ones_like(root.data)
+        grad = xp.ones_like(root._data)
     else:
         grad = xp.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.dtype)
         if grad.shape != root.shape:
@@ -396,6 +564,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             prev = grads.get(key)
             grads[key] = ig if prev is None else prev + ig
         if not retain_graph:
+            _release(node)
             _free(node)
 
 

@@ -4,7 +4,7 @@ backward passes, one call each. Every function here is a thin entry to one ``Fun
 """
 
 from .ops.activation import gelu
-from .ops.attention import attention, log_softmax, softmax
+from .ops.attention import attention, log_softmax, self_attention, softmax
 from .ops.dropout import dropout
 from .ops.embedding import embedding
 from .ops.gating import spatial_gating, toeplitz_1d, toeplitz_2d
@@ -16,5 +16,6 @@ from .ops import relu, sigmoid, tanh
 
 __all__ = [
     "attention", "cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax",
-    "patchify", "relu", "sigmoid", "softmax", "spatial_gating", "tanh", "toeplitz_1d", "toeplitz_2d",
+    "patchify", "relu", "self_attention", "sigmoid", "softmax", "spatial_gating", "tanh", "toeplitz_1d",
+    "toeplitz_2d",
 ]

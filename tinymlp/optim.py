@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from . import fast
+from .autograd import mark_written
 from .backend import array_module, device_of, to_device
 from .fast import optim as fast_optim
 from .tensor import Tensor
@@ -185,6 +186,10 @@ class Optimizer:
 
     def step(self):
         """Update every parameter that has a gradient, in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    mark_written(p)   # a graph that saved p can no longer run backward
         if self.fast_kind and fast.is_enabled():
             return fast_optim.step(self)
         for gi, group in enumerate(self.param_groups):

@@ -67,13 +67,14 @@ def _as_array(data, dtype, device):
 class Tensor:
     """An n-dimensional array that can record the operations applied to it."""
 
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "__weakref__")
+    __slots__ = ("_data", "grad", "requires_grad", "_ctx", "name", "_storage", "__weakref__")
     __array_priority__ = 1000  # so that ndarray (op) Tensor defers to Tensor's reflected operator
 
     def __init__(self, data, requires_grad=False, device=None, dtype=None):
         if device is None:
             device = device_of(data.data if isinstance(data, Tensor) else data)
-        self.data = _as_array(data, dtype, device)
+        self._data = _as_array(data, dtype, device)
+        self._storage = None
         self.grad = None
         self._ctx = None
         self.name = None
@@ -87,7 +88,8 @@ class Tensor:
         if isinstance(data, np.generic):  # NumPy reductions return scalars: keep .data an array
             data = np.asarray(data)
         t = object.__new__(cls)
-        t.data = data
+        t._data = data
+        t._storage = None
         t.grad = None
         t._ctx = ctx
         t.name = None
@@ -96,24 +98,43 @@ class Tensor:
 
     # ----------------------------------------------------------------- properties
     @property
+    def data(self):
+        """The array (NumPy or CuPy) behind the tensor, shared, outside the graph.
+
+        Writing into it (``t.data[...] = v``, ``t.data -= lr * g``) changes the tensor without
+        autograd knowing. If a graph has saved this tensor for its backward, reading ``.data``
+        first lets the in-place guard take a checksum of what was saved, so that ``backward()``
+        refuses a gradient computed from changed values (see ``tinymlp.autograd``).
+        """
+        if self._storage is not None and self._storage.saves:
+            _autograd.before_raw_access(self._storage)
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        """Rebind the array (a graph that saved the old one keeps the old one)."""
+        self._data = value
+        self._storage = None
+
+    @property
     def shape(self):
-        return self.data.shape
+        return self._data.shape
 
     @property
     def dtype(self):
-        return self.data.dtype
+        return self._data.dtype
 
     @property
     def ndim(self):
-        return self.data.ndim
+        return self._data.ndim
 
     @property
     def size(self):
-        return self.data.size
+        return self._data.size
 
     @property
     def device(self) -> str:
-        return device_of(self.data)
+        return device_of(self._data)
 
     @property
     def is_leaf(self) -> bool:
@@ -121,13 +142,13 @@ class Tensor:
 
     @property
     def _xp(self):
-        return array_module(self.data)
+        return array_module(self._data)
 
     def __len__(self):
-        return len(self.data)
+        return len(self._data)
 
     def __repr__(self):
-        arr = self.numpy() if self.device != "cpu" else self.data
+        arr = self.numpy() if self.device != "cpu" else self._data
         body = np.array2string(arr, precision=4, threshold=20, edgeitems=2, prefix="tensor(")
         extra = ""
         if self.dtype != DEFAULT_FLOAT:
@@ -161,14 +182,17 @@ class Tensor:
         self.grad = None
 
     def detach(self) -> "Tensor":
-        """The same data (shared, not copied) outside the graph."""
-        return Tensor._from_op(self.data, None)
+        """The same data (shared, not copied) outside the graph; a write into either is a
+        write into both, and the in-place guard sees it through either."""
+        out = Tensor._from_op(self._data, None)
+        out._storage = _autograd.storage_of(self)
+        return out
 
     def item(self):
         """The Python number in a one-element tensor (this synchronises with the GPU)."""
-        if self.data.size != 1:
+        if self._data.size != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return self.data.item()
+        return self._data.item()
 
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array (copied off the GPU; shared on the CPU)."""
@@ -184,8 +208,29 @@ class Tensor:
         if self.device != "cpu":
             raise TypeError(f"np.asarray of a tensor on {self.device!r}: NumPy cannot read GPU memory; "
                             f"copy it to the host with .numpy()")
-        data = self.data if dtype is None else self.data.astype(dtype, copy=False)
+        data = self.data
+        data = data if dtype is None else data.astype(dtype, copy=False)
         return data.copy() if copy else data
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """NumPy's ufuncs on tensors. The arithmetic ones are the tensor's operators (``array * t``
+        and ``np.multiply(array, t)`` give the tinymlp op, in the graph), comparisons give boolean
+        tensors, and any other ufunc runs on the arrays under the rule of ``_numpy_on_tensors``."""
+        if method == "__call__" and not kwargs:
+            if ufunc.__name__ in _OPERATOR_UFUNCS:
+                return getattr(_ops, _OPERATOR_UFUNCS[ufunc.__name__])(*inputs)
+            if ufunc.__name__ in _COMPARISON_UFUNCS:
+                xp = self._xp
+                arrays = [x._data if isinstance(x, Tensor) else (xp.asarray(x) if hasattr(x, "shape") else x)
+                          for x in inputs]
+                return Tensor._from_op(ufunc(*arrays), None)
+        name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+        return _numpy_on_tensors(name, getattr(ufunc, method), inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        """NumPy's functions (``np.stack``, ``np.where``, ``np.mean``, ...) on tensors: computed on
+        the arrays, under the rule of ``_numpy_on_tensors``."""
+        return _numpy_on_tensors(f"np.{func.__name__}", func, args, kwargs)
 
     def to(self, device=None, dtype=None) -> "Tensor":
         """A tensor on ``device`` and/or of ``dtype``; ``self`` when nothing changes.
@@ -196,8 +241,8 @@ class Tensor:
         out = self
         if dtype is not None and np.dtype(dtype) != self.dtype:
             out = _ops.astype(out, dtype)
-        if device is not None and device_of(out.data) != _parse(device):
-            moved = Tensor._from_op(to_device(out.data, device), None)
+        if device is not None and device_of(out._data) != _parse(device):
+            moved = Tensor._from_op(to_device(out._data, device), None)
             moved.requires_grad = out.requires_grad
             out = moved
         return out
@@ -260,12 +305,87 @@ class Tensor:
     def __getitem__(self, index):
         return _ops.getitem(self, index)
 
+    # in-place operators: ``p -= lr * p.grad`` under no_grad() changes p itself, as in PyTorch
+    def __iadd__(self, other):
+        return self._in_place("+=", "add", other)
+
+    def __isub__(self, other):
+        return self._in_place("-=", "subtract", other)
+
+    def __imul__(self, other):
+        return self._in_place("*=", "multiply", other)
+
+    def __itruediv__(self, other):
+        return self._in_place("/=", "true_divide", other)
+
+    def __ipow__(self, other):
+        return self._in_place("**=", "power", other)
+
+    def __imatmul__(self, other):
+        raise TypeError("x @= w: a matrix product cannot be written in place (its result has another "
+                        "shape in general); write x = x @ w")
+
+    def __setitem__(self, index, value):
+        """``t[index] = value``: write into the tensor in place (the rules of ``_in_place``)."""
+        self._check_writable(f"t[...] = value", value)
+        index = tuple(i._data if isinstance(i, Tensor) else i for i in index) if isinstance(index, tuple) \
+            else (index._data if isinstance(index, Tensor) else index)
+        try:
+            self._data[index] = self._operand(value)
+        except (TypeError, ValueError) as e:
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"t[...] = value on a tensor of shape {self.shape} and dtype {self.dtype}: {e}") from None
+        _autograd.mark_written(self)
+
+    def _in_place(self, symbol, ufunc, other):
+        """``self <symbol> other`` written into self's array (the tensor object stays the same).
+
+        As in PyTorch: allowed under ``no_grad()`` (how parameters are updated by hand) and on
+        tensors that no graph involves; refused when the graph would have to record it (a leaf
+        that requires grad, a result inside the graph, or an operand that requires grad, whose
+        gradient would be lost). A graph that saved this tensor for backward finds out at
+        ``backward()``, which refuses to use the changed values.
+        """
+        self._check_writable(f"x {symbol} y", other)
+        value = self._operand(other)
+        try:
+            getattr(self._xp, ufunc)(self._data, value, out=self._data)
+        except (TypeError, ValueError) as e:   # a float into an integer tensor, a shape that grows
+            shape = getattr(value, "shape", ())
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"x {symbol} y in place, with x of shape {self.shape} ({self.dtype}) and y of shape "
+                          f"{tuple(shape)} ({getattr(value, 'dtype', type(value).__name__)}): the result must "
+                          f"fit x's shape and dtype; write x = x {symbol[:-1]} y for a new tensor") from None
+        _autograd.mark_written(self)
+        return self
+
+    def _check_writable(self, what, other):
+        if not _autograd.is_grad_enabled():
+            return
+        if self.requires_grad and self._ctx is None:
+            raise RuntimeError(
+                f"{what} on a leaf tensor that requires grad (a parameter?) would not be recorded by autograd; "
+                "to update it by hand, do it inside `with tinymlp.no_grad():`, as an optimizer does"
+            )
+        if self.requires_grad or (isinstance(other, Tensor) and other.requires_grad):
+            raise RuntimeError(
+                f"{what} in place on tensors in the graph is not recorded by autograd (the gradient would "
+                f"be wrong or lost); write it as a new tensor, e.g. x = x + y instead of x += y"
+            )
+
+    def _operand(self, other):
+        """``other`` as an array (or Python scalar) on this tensor's device."""
+        if isinstance(other, Tensor):
+            other = other._data
+        if hasattr(other, "shape") and device_of(other) != self.device:
+            raise RuntimeError(f"in-place write into a tensor on {self.device!r} from an array on "
+                               f"{device_of(other)!r}; move it with .to({self.device!r}) first")
+        return other
+
     # comparisons give boolean tensors outside the graph (masks, accuracy)
     def _compare(self, other, op):
-        other = other.data if isinstance(other, Tensor) else other
-        if hasattr(other, "shape") and type(other).__module__ != type(self.data).__module__:
+        other = other._data if isinstance(other, Tensor) else other
+        if hasattr(other, "shape") and type(other).__module__ != type(self._data).__module__:
             other = self._xp.asarray(other)      # a NumPy array meeting a CuPy tensor: to its device
-        return Tensor._from_op(op(self.data, other), None)
+        return Tensor._from_op(op(self._data, other), None)
 
     def __lt__(self, other):
         return self._compare(other, lambda a, b: a < b)
@@ -288,9 +408,9 @@ class Tensor:
     __hash__ = object.__hash__  # tensors are identified by object, like PyTorch's
 
     def __bool__(self):
-        if self.data.size != 1:
+        if self._data.size != 1:
             raise ValueError("the truth value of a tensor with more than one element is ambiguous")
-        return bool(self.data)
+        return bool(self._data)
 
     # ----------------------------------------------------------------- math methods
     def exp(self):
@@ -324,7 +444,7 @@ class Tensor:
         """Indices of the maxima (an integer tensor outside the graph)."""
         if axis is not None:
             (axis,) = check_axes("argmax", axis, self.shape)
-        return Tensor._from_op(self.data.argmax(axis=axis), None)
+        return Tensor._from_op(self._data.argmax(axis=axis), None)
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -350,6 +470,69 @@ class Tensor:
         """Merge the axes from ``start_axis`` on into one."""
         (start_axis,) = check_axes("flatten", start_axis, self.shape) if self.ndim else (0,)
         return _ops.reshape(self, self.shape[:start_axis] + (-1,))
+
+
+# ----------------------------------------------------------------------- NumPy functions on tensors
+_OPERATOR_UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div",
+                    "power": "pow", "matmul": "matmul", "negative": "neg"}
+_COMPARISON_UFUNCS = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
+_TINYMLP_NAME = {  # NumPy's name -> what keeps the graph in tinymlp
+    "exp": "tinymlp.exp(x) or x.exp()", "log": "tinymlp.log(x) or x.log()", "sqrt": "tinymlp.sqrt(x) or x.sqrt()",
+    "tanh": "tinymlp.tanh(x) or x.tanh()", "maximum": "tinymlp.relu(x) for max(x, 0), or tinymlp.where(x > y, x, y)",
+    "sum": "x.sum(axis, keepdims)", "mean": "x.mean(axis, keepdims)", "max": "x.max(axis, keepdims)",
+    "amax": "x.max(axis, keepdims)", "reshape": "x.reshape(shape)", "transpose": "x.transpose(axes)",
+    "swapaxes": "x.swapaxes(a, b)", "stack": "tinymlp.stack(tensors, axis)",
+    "concatenate": "tinymlp.concatenate(tensors, axis)", "split": "tinymlp.split(x, sections, axis)",
+    "where": "tinymlp.where(cond, a, b)", "dot": "x @ w", "square": "x * x", "abs": "tinymlp.where(x > 0, x, -x)",
+}
+
+
+def _tensors_in(obj):
+    if isinstance(obj, Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors_in(item)
+
+
+def _unwrap(obj):
+    """``obj`` with every Tensor inside (lists, tuples, dicts) replaced by its array."""
+    if isinstance(obj, Tensor):
+        return obj.data
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unwrap(item) for item in obj)
+    if isinstance(obj, dict):
+        return {k: _unwrap(v) for k, v in obj.items()}
+    return obj
+
+
+def _has_float_array(obj):
+    if isinstance(obj, (list, tuple)):
+        return any(_has_float_array(item) for item in obj)
+    return hasattr(obj, "dtype") and getattr(obj.dtype, "kind", "") in "fc"
+
+
+def _numpy_on_tensors(name, func, args, kwargs):
+    """Run a NumPy function on the arrays inside the tensors, as NumPy would on arrays, unless
+    that drops a gradient: when a tensor that requires grad goes in (grad mode on) and a float
+    array would come out, the result could not carry the gradient back, so it is refused and
+    the tinymlp op that keeps the graph is named. Results without a gradient to lose (booleans,
+    indices, ``np.allclose``) and everything under ``no_grad()`` pass."""
+    result = func(*_unwrap(args), **_unwrap(kwargs))
+    if _autograd.is_grad_enabled() and _has_float_array(result) and any(t.requires_grad for t in _tensors_in((args, kwargs))):
+        short = name.split(".")[1]
+        use = _TINYMLP_NAME.get(short)
+        use = (f"use {use}, which keeps the graph" if use else
+               "use tinymlp's ops (tinymlp.exp, tinymlp.stack, x.sum, ...), or write the step as a tinymlp.Function "
+               "with its own backward")
+        raise TypeError(
+            f"{name} on a tensor that requires grad would return a plain array and lose the gradient; {use}. "
+            "For the numbers alone, call it on x.detach().numpy() or inside `with tinymlp.no_grad():`"
+        )
+    return result
 
 
 def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:

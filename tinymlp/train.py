@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -248,7 +249,9 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
       it is the dataset's test set).
 
     A loss that becomes NaN or infinite stops training with a FloatingPointError that says
-    when (it is noticed at the next read of the metrics).
+    when (it is noticed at the next read of the metrics). A validation loss that is NaN or
+    infinite does not stop training (the model may still be learning): it is reported with a
+    RuntimeWarning and recorded in the history as it is.
     """
     device = parse_device(device) if device is not None else _model_device(model)
     if _model_device(model) != device:
@@ -292,6 +295,13 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
             val_loss = val_acc = None
             if val_loader is not None:
                 val_loss, val_acc = evaluate(model, val_loader, limit_batches, loss_fn, device)
+                if not math.isfinite(val_loss):
+                    warnings.warn(
+                        f"epoch {epoch + 1}: the {val_name} loss is {val_loss} while the training loss is "
+                        f"{train_loss:.4g}: the model gives non-finite outputs on some {val_name} images "
+                        "(look for NaN or inf in that data, or values far outside the training range)",
+                        RuntimeWarning, stacklevel=2,
+                    )
             history.append(
                 epoch=epoch + 1, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
                 val_acc=val_acc, lr=lr, epoch_time=time.perf_counter() - started,

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ..autograd import GradientMismatchError, enable_grad, no_grad
+from ..autograd import GradientMismatchError, MixedPrecisionError, enable_grad, no_grad
 from ..backend import to_device
 from ..tensor import Tensor
 from .diagnose import dimension_sizes
@@ -133,6 +133,10 @@ def analytic(run, scale):
     upstream = [g * scale for g in run.ev.upstream]
     try:
         return backward_once(run, run.checked, upstream), {}
+    except MixedPrecisionError as err:   # forward met a float32 tensor that requires grad
+        if run.plan.check_dtype is not None and err.dtype.itemsize < run.plan.check_dtype.itemsize:
+            raise Fatal("unpromoted_tensor", _UNPROMOTED.format(dtype=err.dtype, text=err)) from None
+        raise
     except RuntimeError as err:
         _engine_complaint(err, run.plan.check_dtype)  # raises unless the engine rejected a gradient
     grads, errors = {}, {}
@@ -150,6 +154,11 @@ def analytic(run, scale):
     return grads, errors
 
 
+_UNPROMOTED = ("fn uses a {dtype} tensor that requires grad and that gradcheck did not promote ({text}): "
+               "a tensor that requires grad is used by fn without being an input or a module parameter; "
+               "pass it in inputs, or as params={{'name': tensor}}, or set requires_grad=False on it")
+
+
 def _engine_complaint(err, check_dtype):
     """The engine's complaint about one backward's result, as a dict; anything else is re-raised.
 
@@ -161,12 +170,7 @@ def _engine_complaint(err, check_dtype):
     parsed = {"kind": err.kind, "fn": err.fn, "got": err.got, "want": err.expected, "text": str(err)}
     if parsed["kind"] == "dtype" and check_dtype is not None and parsed["got"] == str(check_dtype) \
             and np.dtype(parsed["want"]).itemsize < check_dtype.itemsize:
-        raise Fatal(
-            "unpromoted_tensor",
-            f"backward reached a {parsed['want']} tensor that gradcheck did not promote ({parsed['text']}): "
-            "a tensor that requires grad is used by fn without being an input or a module parameter; "
-            "pass it in inputs, or as params={'name': tensor}, or set requires_grad=False on it",
-        )
+        raise Fatal("unpromoted_tensor", _UNPROMOTED.format(dtype=parsed["want"], text=parsed["text"]))
     return parsed
 
 

@@ -15,6 +15,9 @@ compiled by numba, over all cores (``parallel=True``) for large arrays and on on
   1/std (no x_hat copy is written: backward recomputes x_hat = (x - mean) / std on the fly);
   backward is one pass per row for dx plus per-thread partial column sums for dweight, dbias;
 - the SGU's LayerNorm (``fast.norm.normalize`` and ``layer_norm_backward``) through ``KERNELS``;
+- the split SGU's gate (``fast.gating``, through its ``KERNELS``): forward F = (W x_hat) gamma +
+  shift (+ the aMLP residual), the copy of z1 and z1 * F in one pass; backward G * F, G * z1 and
+  the gate bias's row sums in one; the rebuilt N = x_hat gamma + beta in one;
 - Adam/AdamW's direction over the flat buffers (``fast.optim``) in one pass, and each
   parameter's update p <- p (1 - lr wd) - step in one.
 
@@ -48,6 +51,7 @@ import numpy as np
 from ..ops.activation import C0, C1, GELU
 from ..ops.norm import LayerNorm, _check
 from . import register
+from . import gating as _gating
 from . import norm as _norm
 from . import optim as _optim
 from .activation import FastGELU
@@ -233,7 +237,76 @@ def _build(numba):
         for i in prange(p.shape[0]):
             p[i] = p[i] * decay - u[i]
 
+    # The SGU's gate (split variant) on rows of width e, token-major: row i is token s = i // B of
+    # sample b = i % B; an array's row (s, b) starts at s * (its token stride) + b * (its sample stride).
+    def sgu_gate_forward(f, z1, zss, zbs, r, rss, rbs, has_r, kept, out, oss, obs, gamma, shift, n, e, B):
+        # F = f gamma + shift_s (+ r); f <- F (saved for backward); kept <- z1; out <- z1 F
+        for i in prange(n):
+            s = i // B
+            b = i - s * B
+            fr = f[i * e:i * e + e]
+            zo = s * zss + b * zbs
+            zr = z1[zo:zo + e]
+            kr = kept[i * e:i * e + e]
+            oo = s * oss + b * obs
+            orow = out[oo:oo + e]
+            sh = shift[s]
+            if has_r:
+                ro = s * rss + b * rbs
+                rr = r[ro:ro + e]
+                for j in range(e):
+                    F = fr[j] * gamma[j] + sh[j] + rr[j]
+                    fr[j] = F
+                    k = zr[j]
+                    kr[j] = k
+                    orow[j] = k * F
+            else:
+                for j in range(e):
+                    F = fr[j] * gamma[j] + sh[j]
+                    fr[j] = F
+                    k = zr[j]
+                    kr[j] = k
+                    orow[j] = k * F
+
+    def sgu_gate_backward(g, gss, gbs, F, kept, dz1, dss, dbs, need_dz1, gf, sums, n, e, B):
+        # dz1 <- G F;  gf <- G z1 (dL/dF; may be F's own memory);  sums[i] <- the row's sum of gf
+        for i in prange(n):
+            s = i // B
+            b = i - s * B
+            go = s * gss + b * gbs
+            gr = g[go:go + e]
+            fr = F[i * e:i * e + e]
+            kr = kept[i * e:i * e + e]
+            out = gf[i * e:i * e + e]
+            acc = 0.0
+            if need_dz1:
+                do = s * dss + b * dbs
+                dr = dz1[do:do + e]
+                for j in range(e):
+                    gj = gr[j]
+                    dr[j] = gj * fr[j]
+                    v = gj * kr[j]
+                    out[j] = v
+                    acc += v
+            else:
+                for j in range(e):
+                    v = gr[j] * kr[j]
+                    out[j] = v
+                    acc += v
+            sums[i] = acc
+
+    def affine(x, w, b, out, n, e):
+        # out = x w + b on rows of width e (the SGU's N = x_hat gamma + beta, rebuilt)
+        for i in prange(n):
+            xr = x[i * e:i * e + e]
+            orow = out[i * e:i * e + e]
+            for j in range(e):
+                orow[j] = xr[j] * w[j] + b[j]
+
     kernels = {
+        "sgu_gate_forward": both(sgu_gate_forward), "affine": both(affine),
+        "sgu_gate_backward": (numba.njit(**reduce_options)(sgu_gate_backward),
+                              numba.njit(parallel=True, **reduce_options)(sgu_gate_backward)),
         "gelu_tanh": both(gelu_tanh), "gelu_tanh_value": both(gelu_tanh_value), "multiply": both(multiply),
         "gelu_tanh32": both(gelu_tanh32), "gelu_tanh32_value": both(gelu_tanh32_value),
         "adam": both(adam), "apply_update": both(apply_update),
@@ -469,6 +542,74 @@ class _NormKernels:
         return dx, (dw if need_dweight else None), (db if need_dbias else None)
 
 
+class _GateKernels:
+    """What ``fast.gating`` calls for the split SGU's elementwise work when the arrays suit a
+    kernel (rows of width e with unit stride, one float dtype); each returns None where it does
+    not apply. Arrays are token-major (S, B, e) views: F and the copy of z1 contiguous, the others
+    in any order of their first two axes."""
+
+    @staticmethod
+    def forward(f, gamma, shift, residual, z1, out):
+        """F = f gamma + shift (+ residual) into f, and z1 * F into ``out``, in one pass; returns
+        the contiguous copy of z1 that backward needs."""
+        arrays = [f, gamma, shift, z1, out] + ([residual] if residual is not None else [])
+        if not _applies(*arrays) or not f.flags.c_contiguous or not f.size:
+            return None
+        S, B, e = f.shape
+        views = [_token_rows(a) for a in (z1, out, residual if residual is not None else f)]
+        if any(v is None for v in views):
+            return None
+        (zf, zss, zbs), (of, oss, obs), (rf, rss, rbs) = views
+        kept = np.empty((S, B, e), dtype=f.dtype)
+        _kernel("sgu_gate_forward", f.size)(f.reshape(-1), zf, zss, zbs, rf, rss, rbs, residual is not None,
+                                            kept.reshape(-1), of, oss, obs, np.ascontiguousarray(gamma),
+                                            np.ascontiguousarray(shift), S * B, e, B)
+        return kept
+
+    @staticmethod
+    def backward(g, F, kept, dz1, gf):
+        """dz1 = G F (when ``dz1`` is given) and G * z1 into ``gf`` (a new array when None), in one
+        pass; returns ``(gf, per-token sums of gf)`` (the gate bias's gradient)."""
+        arrays = [g, F, kept] + [a for a in (dz1, gf) if a is not None]
+        if not _applies(*arrays) or not (F.flags.c_contiguous and kept.flags.c_contiguous) or not F.size:
+            return None
+        if gf is not None and not gf.flags.c_contiguous:
+            return None
+        S, B, e = F.shape
+        gr = _token_rows(g)
+        dr = _token_rows(dz1) if dz1 is not None else (F.reshape(-1), 0, 0)
+        if gr is None or dr is None:
+            return None
+        gf = np.empty_like(F) if gf is None else gf
+        sums = np.empty(S * B)
+        _kernel("sgu_gate_backward", F.size)(gr[0], gr[1], gr[2], F.reshape(-1), kept.reshape(-1), dr[0], dr[1], dr[2],
+                                             dz1 is not None, gf.reshape(-1), sums, S * B, e, B)
+        return gf, sums.reshape(S, B).sum(axis=1).astype(F.dtype)
+
+    @staticmethod
+    def affine(x, w, b):
+        """x * w + b over the last axis of a C-contiguous x, in one pass (None where it does not apply)."""
+        if not _applies(x, w, b) or not x.flags.c_contiguous or not x.size:
+            return None
+        e = x.shape[-1]
+        out = np.empty_like(x)
+        _kernel("affine", x.size)(x.reshape(-1), np.ascontiguousarray(w), np.ascontiguousarray(b), out.reshape(-1),
+                                  x.size // e, e)
+        return out
+
+
+def _token_rows(a):
+    """``(flat, token stride, sample stride)`` (in elements) of an (S, B, e) view whose rows (the
+    last axis) are contiguous, or None: ``flat`` runs from its first element to its last."""
+    S, B, e = a.shape
+    item = a.itemsize
+    if (e > 1 and a.strides[-1] != item) or min(a.strides) < 0 or any(st % item for st in a.strides):
+        return None
+    ss, bs = a.strides[0] // item, a.strides[1] // item
+    extent = (S - 1) * ss + (B - 1) * bs + e
+    return np.lib.stride_tricks.as_strided(a, shape=(extent,), strides=(item,)), ss, bs
+
+
 # --------------------------------------------------------------------------- optimizers
 def _adam_direction(group, g, bufs, out, t):
     """``fast.optim.adam_direction`` in one compiled pass (same arithmetic, same dtype)."""
@@ -505,6 +646,7 @@ def set_enabled(on):
     for impl, ref in zip(impls, (GELU, LayerNorm)):
         register(ref, "cpu")(impl)
     _norm.KERNELS = _NormKernels if on else None
+    _gating.KERNELS = _GateKernels if on else None
     _optim.COMPILED = {"adam": _adam_direction, "apply_update": _apply_update} if on else {}
 
 

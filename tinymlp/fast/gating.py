@@ -34,6 +34,10 @@ from .norm import layer_norm_backward, normalize, row_sum
 
 __all__ = ["FastSpatialGating", "FastToeplitz1d", "FastToeplitz2d"]
 
+KERNELS = None
+"""Compiled versions of the split gate's elementwise passes (set by ``fast.compiled`` when numba
+is installed); each returns None where it does not apply, and the code below runs."""
+
 
 def _tm(a):
     """(B, S, .) <-> (S, B, .): the token-major view."""
@@ -64,19 +68,24 @@ class FastSpatialGating(SpatialGating):
         w_eff = xp.tril(weight) if causal else weight
 
         xhat, rstd = normalize(ut, eps)                             # (S, B, e)
-        kept = None
-        if variant == "split":
-            kept = xp.ascontiguousarray(zt[..., :e])
-        elif variant == "multiplicative":
-            kept = zt
         f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W x_hat: one product
         shift = row_sum(w_eff)[:, None] * beta + bias[:, None]      # (S, e), shared by the batch
         residual = _tm(gate_residual) if gate_residual is not None else None
         out = _empty((B, S, e), token_major, xp, z.dtype)
         out_t = _tm(out)
-        if variant == "split" and cuda_kernels.applies(z, kept):    # F and z1 * F in one pass on CUDA
+        kept = None
+        if variant == "split" and KERNELS is not None:              # F, the copy of z1 and z1 * F: one pass
+            kept = KERNELS.forward(f, gamma, shift, residual, zt[..., :e], out_t)
+        if kept is not None:
+            pass
+        elif variant == "split" and cuda_kernels.applies(z):        # F and z1 * F in one pass on CUDA
+            kept = xp.ascontiguousarray(zt[..., :e])
             out_t[...] = cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual)
         else:
+            if variant == "split":
+                kept = xp.ascontiguousarray(zt[..., :e])            # z2's memory may go, z1 stays
+            elif variant == "multiplicative":
+                kept = zt
             f *= gamma
             f += shift[:, None]
             if residual is not None:
@@ -105,7 +114,12 @@ class FastSpatialGating(SpatialGating):
         # dL/dF (token-major, contiguous) and the direct term, written straight into dL/dz
         dz = _empty(ctx.input_shapes[0], ctx.token_major, xp, g.dtype) if need_z else None
         dzt = _tm(dz) if need_z else None
-        if variant == "split" and need_z and cuda_kernels.applies(g, kt):
+        sums = None                                                 # the gate bias's gradient, if a kernel summed it
+        done = KERNELS.backward(gt, ft, kt, dzt[..., :e] if need_z else None, ft if last else None) \
+            if variant == "split" and KERNELS is not None else None
+        if done is not None:
+            gf, sums = done
+        elif variant == "split" and need_z and cuda_kernels.applies(g, kt):
             _, gf = cuda_kernels.sgu_gate_backward(gt, ft, kt, dz1=dzt[..., :e])
         elif variant == "split":
             if need_z:
@@ -119,13 +133,15 @@ class FastSpatialGating(SpatialGating):
 
         dw = db = work = None
         if need_w:
-            work = xhat * gamma
-            work += beta                                            # N, rebuilt
+            work = KERNELS.affine(xhat, gamma, beta) if KERNELS is not None else None
+            if work is None:
+                work = xhat * gamma
+                work += beta                                        # N, rebuilt
             dw = gf2 @ work.reshape(S, -1).T                        # G_F N^T
             if ctx.causal:
                 dw = xp.tril(dw)
         if need_b:
-            db = row_sum(gf2)
+            db = sums if sums is not None else row_sum(gf2)
         da = _tm(gf) if need_a else None
 
         dgamma = dbeta = None

@@ -17,8 +17,11 @@ copied. On CUDA, forward and backward each run as one kernel per row (``cuda_ker
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import array_module
 from ..ops.norm import LayerNorm, _check
+from ..ops.norm import normalize as reference_normalize
 from . import cuda_kernels, register
 from .layout import memory_order, rows
 
@@ -68,7 +71,11 @@ def normalize(x, eps):
     mean = row_sum(x)[..., None]
     mean /= d
     xhat = xp.subtract(x, mean, out=xp.empty_like(x))
-    var = row_dot(xhat, xhat)[..., None]
+    with np.errstate(over="ignore"):               # an overflow is caught just below
+        var = row_dot(xhat, xhat)[..., None]
+    if xp is np and not np.isfinite(var).all():   # a square overflowed (|x - mean| > 1.8e19 in float32)
+        xhat[...], rstd = reference_normalize(x, eps)   # the reference scales before it squares
+        return xhat, rstd
     var /= d
     var += eps
     rstd = xp.divide(1, xp.sqrt(var, out=var), out=var)

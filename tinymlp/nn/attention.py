@@ -1,8 +1,9 @@
 """Self-attention layers: aMLP's single-head tiny attention and ViT's multi-head attention.
 
-Both compute q, k, v with one Linear (one matmul for all three), call the fused
-``F.attention`` (softmax(q k^T / sqrt(d)) v with its own hand-derived backward) and project
-the result with a second Linear.
+Both compute q, k, v with one Linear (one matmul for all three), call the fused attention
+(softmax(q k^T / sqrt(d)) v with its own hand-derived backward: ``F.self_attention`` on the
+packed [q | k | v] for the single head, ``F.attention`` once the heads are a batch axis for
+ViT) and project the result with a second Linear.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ __all__ = ["MultiHeadSelfAttention", "TinyAttention"]
 class TinyAttention(Module):
     """Single-head self-attention of aMLP: (B, S, dim_in) -> (B, S, dim_out).
 
-    q, k, v = x Wqkv split in three (``.qkv``: dim_in -> 3 * attn_dim, no bias);
-    out = softmax(q k^T / sqrt(attn_dim)) v, projected by ``.out`` (attn_dim -> dim_out).
+    [q | k | v] = x Wqkv (``.qkv``: dim_in -> 3 * attn_dim, no bias, one matrix product);
+    out = softmax(q k^T / sqrt(attn_dim)) v (``F.self_attention``, which takes the three thirds
+    of that output whole), projected by ``.out`` (attn_dim -> dim_out).
     ``mask`` (B, S) marks the real tokens (True) of padded sequences: padding is never attended
     to. A 3-D boolean mask (B, S, S) of allowed (query, key) pairs is taken as it is.
     """
@@ -35,8 +37,9 @@ class TinyAttention(Module):
         self.out = Linear(self.attn_dim, dim_out, rng=rng)
 
     def forward(self, x, mask=None, causal: bool = False):
-        q, k, v = split(self.qkv(x), 3, axis=-1)                  # (B, S, attn_dim) each
-        return self.out(F.attention(q, k, v, mask=key_mask(mask, x), causal=causal))
+        qkv = self.qkv(x)                                          # [q | k | v]   (B, S, 3 attn_dim)
+        a = F.self_attention(qkv, mask=key_mask(mask, x), causal=causal)   # softmax(q k^T / sqrt(d)) v
+        return self.out(a)                                         # (B, S, dim_out)
 
     def extra_repr(self):
         return f"attn_dim={self.attn_dim}"

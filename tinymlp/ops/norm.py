@@ -9,6 +9,8 @@ with a ones vector, buffers reused on the last backward; one kernel per row on C
 
 from __future__ import annotations
 
+import math
+
 from ..autograd import Function
 from ..backend import array_module, require_float
 
@@ -20,12 +22,24 @@ def normalize(x, eps):
 
     Per row:  mu = (1/D) sum_j x_j,  var = (1/D) sum_j (x_j - mu)^2,  rstd = 1/sqrt(var + eps).
     rstd keeps a trailing axis of size 1, so it broadcasts against the rows.
+
+    Written for floating point: squaring x_j - mu overflows once it passes sqrt(largest float)
+    (1.8e19 in float32), and then var = inf, rstd = 0 and x_hat = 0, silently. So the centred
+    values c are divided by the row's largest |c_j| = s before they are squared, and
+    sqrt(var + eps) is hypot(std, sqrt(eps)), which never squares std:
+
+        std = s sqrt( mean((c / s)^2) ),    rstd = 1 / hypot(std, sqrt(eps)).
+
+    (The mean itself overflows only when the row's sum passes the largest float, 3.4e38.)
     """
     xp = array_module(x)
     mu = x.mean(axis=-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
-    rstd = 1 / xp.sqrt(var + eps)
-    return (x - mu) * rstd, rstd
+    c = x - mu                                               # centred
+    s = xp.abs(c).max(axis=-1, keepdims=True)                # the row's scale
+    s = xp.where(s > 0, s, 1)                                # a constant row: c = 0 already
+    std = s * xp.sqrt(((c / s) ** 2).mean(axis=-1, keepdims=True))
+    rstd = 1 / xp.hypot(std, math.sqrt(eps))
+    return c * rstd, rstd
 
 
 def normalize_backward(dx_hat, x_hat, rstd):
