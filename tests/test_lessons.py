@@ -1,15 +1,16 @@
 """The lessons: both builds of every notebook run top to bottom, the exercises are graded, and
 the notebooks are committed clean and up to date with their sources.
 
-``lessons/NN_name.ipynb`` is the worked build (the answer key): executed in a fresh ``python3``
+``lessons/NN_name.ipynb`` is the worked build (the answer key): run in a fresh ``python3``
 kernel with ``lessons/`` as the working directory (marker ``lessons``; deselect with
-``-m "not lessons"``), it must raise nowhere and every ``check(...)`` in it must print
-``passed``. ``lessons/exercises/NN_name.ipynb`` is the student build: untouched, it must run to
-the end with every check printing ``not done yet``. Both are executed by the autograder's own
-``run_notebook`` (``lessons/checks.py``), so what is tested here is what an instructor runs.
-The autograder's command line is tested on the cheapest lesson, and on a copy of a student
-notebook with a wrong answer planted in it, which must be reported FAILED with the gradcheck
-report and its hint. ``-s`` prints each lesson's run time.
+``-m "not lessons"``), it must raise nowhere and the grader must pass every exercise of it.
+``lessons/exercises/NN_name.ipynb`` is the student build: untouched, it must run to the end,
+every exercise is "not done", and every cell that waits for an exercise says what it skipped.
+Both go through the grader (``tinymlp.lessons.grader.grade_notebook``), so what is tested here
+is what an instructor runs. The grader's command line is tested on the cheapest lesson, and on
+a copy of a student notebook with a wrong answer planted in it, which must be FAILED with the
+gradcheck report and its hint (``tests/test_grader.py`` tests the grader itself). ``-s``
+prints each lesson's grading time: running it, then grading its exercises.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ STUDENT_NOTEBOOKS = sorted(EXERCISES.glob("*.ipynb"))
 # running the worked notebook covers both
 WITH_EXERCISES = [p for p in STUDENT_NOTEBOOKS if p.read_text() != (LESSONS / p.name).read_text()]
 SOURCES = sorted((LESSONS / "src").glob("*.py"))
-CELL_TIMEOUT = 120  # seconds per cell; a lesson should take well under a minute in all
+CELL_TIMEOUT = 120  # seconds per cell; grading a lesson should take under 30 s in all
 
 
 def _ids(paths):
@@ -83,31 +84,50 @@ def _clean(text):
 
 
 # ------------------------------------------------------------------------------ both builds run
+SEED = 2024
+
+
+def _grade(path):
+    from tinymlp.lessons import grader
+
+    return grader.grade_notebook(path, SEED, cell_timeout=CELL_TIMEOUT)
+
+
+def _fail_on_errors(name, graded):
+    if graded.errors:
+        pytest.fail(f"{name} raised:\n" + "\n".join(_clean(e) for e in graded.errors)
+                    + "\n--- output ---\n" + _clean(graded.outputs)[-4000:], pytrace=False)
+
+
 @pytest.mark.lessons
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_worked_lesson_runs_and_every_check_passes(path, kernel_env, checks):
-    result = checks.run_notebook(path, timeout=CELL_TIMEOUT)
-    print(f"{path.name}: {result.seconds:.1f} s")
-    if result.errors:
-        pytest.fail(f"{path.name} raised:\n" + "\n".join(_clean(e) for e in result.errors)
-                    + "\n--- output ---\n" + _clean(result.outputs)[-4000:], pytrace=False)
-    rows = list(result.rows)
-    bad = [row for row in rows if row[2] != "passed"]
-    assert not bad, f"{path.name}: checks that did not pass in the answer key: {bad}\n{_clean(result.outputs)[-4000:]}"
-    assert len(rows) == len(result.expected)
+def test_worked_lesson_runs_and_every_exercise_passes(path, kernel_env, checks):
+    graded = _grade(path)
+    print(f"{path.name}: {graded.seconds:.1f} s (run {graded.run_seconds:.1f} s, "
+          f"{len(graded.rows)} exercises {graded.seconds - graded.run_seconds:.1f} s)")
+    _fail_on_errors(path.name, graded)
+    bad = [(r.exercise, r.status, r.details) for r in graded.rows if r.status != "passed"]
+    assert not bad, f"{path.name}: exercises that do not pass in the answer key: {bad}"
+    assert [r.exercise for r in graded.rows] == sorted(k for k in checks.EXERCISES if k.startswith(path.name[:2] + "."))
+    assert all(graded_said == "passed" for graded_said in (r.notebook_said for r in graded.rows))
 
 
 @pytest.mark.lessons
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=_ids(WITH_EXERCISES))
 def test_untouched_student_notebook_runs_to_the_end(path, kernel_env, checks):
-    result = checks.run_notebook(path, timeout=CELL_TIMEOUT)
-    print(f"exercises/{path.name}: {result.seconds:.1f} s")
-    if result.errors:
-        pytest.fail(f"exercises/{path.name} raised:\n" + "\n".join(_clean(e) for e in result.errors)
-                    + "\n--- output ---\n" + _clean(result.outputs)[-4000:], pytrace=False)
-    rows = list(result.rows)
-    assert rows and all(status == "not done" for _, _, status in rows), rows
-    assert [r[0] for r in rows] == result.expected
+    graded = _grade(path)
+    print(f"exercises/{path.name}: {graded.seconds:.1f} s")
+    _fail_on_errors(f"exercises/{path.name}", graded)
+    assert graded.rows and all(r.status == "not done" and r.notebook_said == "not done" for r in graded.rows), \
+        [(r.exercise, r.status, r.notebook_said) for r in graded.rows]
+    # every cell that waits for an answer says what it skipped
+    silent = []
+    for i, cell in enumerate(graded.notebook.cells):
+        if cell.cell_type == "code" and "skipped(" in cell.source:
+            printed = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+            if "(skipped until exercise" not in printed:
+                silent.append(i)
+    assert not silent, f"exercises/{path.name}: cells {silent} wait for an answer and say nothing"
 
 
 # ------------------------------------------------------------------------------ the autograder
@@ -117,7 +137,7 @@ def test_autograder_exit_codes_and_table(kernel_env):
     grader = [sys.executable, str(LESSONS / "checks.py"), "--timeout", str(CELL_TIMEOUT)]
     ok = subprocess.run(grader + [str(worked)], capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert re.search(r"01\.1 .* passed", ok.stdout) and "2 of 2 exercises passed" in ok.stdout
+    assert re.search(r"lessons\s+01\.1 .* passed", ok.stdout) and "2 of 2 exercises passed" in ok.stdout
     todo = subprocess.run(grader + [str(student)], capture_output=True, text=True, timeout=600)
     assert todo.returncode == 1, todo.stdout + todo.stderr
     assert len(re.findall(r"\bnot done\b", todo.stdout)) == 2 and "0 of 2 exercises passed" in todo.stdout
@@ -148,14 +168,16 @@ return dx, dw, db
 """)
     copy = tmp_path / "03_writing_an_op.ipynb"
     nbformat.write(nb, copy)
-    result = checks.run_notebook(copy, timeout=CELL_TIMEOUT)
-    assert not result.errors, result.errors
-    assert dict((r[0], r[2]) for r in result.rows) == {"03.1": "FAILED", "03.2": "not done"}
-    out = _clean(result.outputs)
+    graded = _grade(copy)
+    assert not graded.errors, graded.errors
+    assert {r.exercise: r.status for r in graded.rows} == {"03.1": "FAILED", "03.2": "not done"}
+    out = _clean(graded.outputs)
     assert "exercise 03.1 Linear backward: FAILED" in out
-    assert re.search(r"^\s*likely\s*:", out, flags=re.M), out      # the report's hint line
+    assert re.search(r"^\s*likely\s*:", out, flags=re.M), out      # the report's hint line, in the notebook
     assert "weight" in out and "FAIL" in out
-    grade = subprocess.run([sys.executable, str(LESSONS / "checks.py"), str(copy)],
+    row = graded.rows[0]
+    assert row.reason.startswith("transposed gradient") or "transpose" in row.reason, row.reason
+    grade = subprocess.run([sys.executable, str(LESSONS / "checks.py"), "--no-execute", str(copy)],
                            capture_output=True, text=True, timeout=600)
     assert grade.returncode == 1 and re.search(r"03\.1 .* FAILED", grade.stdout), grade.stdout
 
@@ -166,16 +188,20 @@ def test_autograder_grades_past_a_cell_that_raises(tmp_path, kernel_env, checks)
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook(cells=[
-        new_code_cell("from checks import check"),
+        new_code_cell("from checks import check"),                             # the old import still works
         new_code_cell("1 / 0"),                                                # a student's stray cell
         new_code_cell("check('02.3', lambda grad, shape: grad)"),               # wrong: never sums
     ])
     path = tmp_path / "02_submission.ipynb"
     nbformat.write(nb, path)
-    result = checks.run_notebook(path, timeout=CELL_TIMEOUT)
-    assert any("ZeroDivisionError" in e for e in result.errors)
-    assert dict((r[0], r[2]) for r in result.rows) == {"02.1": "not run", "02.2": "not run", "02.3": "FAILED"}
-    assert not result.passed
+    shim = tmp_path / "checks.py"                                            # as in lessons/exercises/
+    shim.write_text((EXERCISES / "checks.py").read_text().replace(
+        'pathlib.Path(__file__).resolve().parent.parent / "checks.py"', repr(str(LESSONS / "checks.py"))))
+    graded = _grade(path)
+    assert any("ZeroDivisionError" in e for e in graded.errors)
+    assert {r.exercise: r.status for r in graded.rows} == {"02.1": "not done", "02.2": "not done", "02.3": "FAILED"}
+    assert graded.rows[2].notebook_said == "FAILED"
+    assert not graded.passed
 
 
 # ------------------------------------------------------------------------------ check() itself
@@ -314,8 +340,11 @@ def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs
     # the cases hold a word that must become [UNK] and single characters, known and unknown
     from tinymlp.text import SPECIAL_TOKENS, Tokenizer
 
+    from tinymlp.lessons.exercises import _wordpiece_cases
+    from tinymlp.lessons.registry import Case
+
     cuts = []
-    for vocab, words in checks._wordpiece_cases():
+    for vocab, words in _wordpiece_cases(Case(0)):
         tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab))
         cuts += [(w, tok._cut(w)) for w in words]
     assert any(len(w) > 1 and cut == ["[UNK]"] for w, cut in cuts)

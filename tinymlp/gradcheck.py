@@ -22,8 +22,11 @@ This file is the method, top to bottom. ``help(tinymlp.gradcheck)`` says how to 
 
    (the denominator is the step actually represented in floating point, not the nominal 2h).
    Large tensors are *sampled*: corners, the first and last index of every axis, random
-   coordinates and a few random directions; a failing sample of at most 50,000 elements is
-   then checked in full so that every bad element can be listed.
+   coordinates, a few random directions, and every element inside a block checked along random
+   +-1 signs (sized so that one element off by 5% of the typical gradient, or by half its own,
+   fails its block). A
+   failing tensor of at most 50,000 elements is then checked in full so that every bad element
+   can be listed; a larger one has its failing blocks halved down to the wrong elements.
 4. **The comparison.** The analytical ``a_i`` is what backward put into ``.grad``::
 
        PASS        |a - n| <= rtol * max(|a|, |n|)        agreement, certified
@@ -284,11 +287,14 @@ def check_gradients(run) -> dict:
     grads2, _ = checks.analytic(run, 2.0)
     grads0, _ = checks.analytic(run, 0.0)
     checks.backward_left_inputs_alone(run)
+    if not errors:
+        run.problems += checks.backward_in_place(run)
     results = {}
     for k, c in enumerate(run.checked):
         result = results[c.name] = TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype)
         if c.name in errors:
-            explain_engine_error(result, errors[c.name])
+            explain_engine_error(result, errors[c.name], run.plan.input_names,
+                                 {o.name: tuple(o.tensor.shape) for o in run.checked})
             continue
         missing = grads[c.name] is None
         a = np.zeros(c.tensor.shape) if missing else grads[c.name].astype(np.float64)
@@ -306,31 +312,49 @@ def check_gradients(run) -> dict:
 
 
 def compare_tensor(run, c, result, a, rng):
-    """Central differences for one tensor (every element, or a sample), compared with ``a``."""
+    """Central differences for one tensor (every element, or a sample), compared with ``a``.
+
+    Sampled mode checks ``n_coords`` elements, ``n_proj`` Gaussian directions and, so that no
+    element goes unchecked, every element inside a block checked along random +-1 signs (blocks
+    sized so that an element off by 5% of the RMS gradient, or by half its own, fails; see
+    ``checks.blocks``). When anything fails, a tensor
+    of up to FULL_FALLBACK_LIMIT elements is checked in full; a larger one has its failing
+    blocks halved until the wrong elements are found, and those are checked one by one.
+    """
     s, a_flat = run.settings, a.reshape(-1)
     full = s.mode == "full" or c.size <= run.n_coords
     index = np.arange(c.size) if full else checks.sample_positions(c.tensor.shape, run.n_coords, rng)
     result.mode = "full" if full else "sampled"
     n, d_plus, d_minus = run.ev.central_differences(c.tensor, index, s.eps, run.L0)
     status, diff, rel = classify(a_flat[index], n, s.rtol, s.atol_eff)
-    directions = []  # sampled mode: [(numerical, analytical), ...] along random directions
+    directions = []  # sampled mode: [(label, numerical, analytical), ...]
     if not full:
-        directions = checks.directional(run, c, a, rng)
-        nu, an = np.array(directions).reshape(-1, 2).T
-        if ((status == FAIL).any() or (classify(an, nu, s.rtol, s.atol_eff)[0] == FAIL).any()) \
-                and c.size <= FULL_FALLBACK_LIMIT:  # list every bad element
-            index, directions, result.mode = np.arange(c.size), [], "sampled, then full"
+        directions = [(f"dir {k + 1}", nu, an) for k, (nu, an) in enumerate(checks.directional(run, c, a, rng))]
+        block_checks, result.block_promise = checks.blocks(run, c, a_flat, rng)
+        result.n_blocks = len(block_checks)
+        directions += [(f"block {k + 1}", nu, an) for k, (nu, an, _, _) in enumerate(block_checks)]
+        nu, an = np.array([(d[1], d[2]) for d in directions]).T
+        direction_fails = classify(an, nu, s.rtol, s.atol_eff)[0] == FAIL
+        if (status == FAIL).any() or direction_fails.any():
+            if c.size <= FULL_FALLBACK_LIMIT:  # list every bad element
+                index, directions, result.mode = np.arange(c.size), [], "sampled, then full"
+                result.n_blocks = 0
+            else:  # halve the failing blocks down to their wrong elements
+                failing = [b for b, bad in zip(block_checks, direction_fails[-len(block_checks):]) if bad]
+                suspects, complete = checks.locate(run, c, a_flat, failing, rng, classify)
+                index = np.union1d(index, np.array(suspects, dtype=np.int64))
+                result.mode = "sampled, then located" if complete else "sampled, partly located"
             n, d_plus, d_minus = run.ev.central_differences(c.tensor, index, s.eps, run.L0)
-            status, diff, rel = classify(a_flat, n, s.rtol, s.atol_eff)
+            status, diff, rel = classify(a_flat[index], n, s.rtol, s.atol_eff)
     status = np.where(checks.kinks(a_flat[index], n, d_plus, d_minus, status, s), NONDIFF, status)
 
     shape = c.tensor.shape
     elements = [ElementCheck(tuple(int(j) for j in np.unravel_index(i, shape)) if shape else (),
                              float(nv), float(av), float(d), float(r), str(st))
                 for i, nv, av, d, r, st in zip(index.tolist(), n, a_flat[index], diff, rel, status)]
-    for k, (nv, av) in enumerate(directions):
+    for label, nv, av in directions:
         st, d, r = classify(np.array([av]), np.array([nv]), s.rtol, s.atol_eff)
-        elements.append(ElementCheck(f"dir {k + 1}", nv, av, float(d[0]), float(r[0]), str(st[0])))
+        elements.append(ElementCheck(label, nv, av, float(d[0]), float(r[0]), str(st[0])))
     numerical = np.full(c.size, np.nan)
     numerical[index] = n
     result.numerical, result.analytical = numerical.reshape(shape), a

@@ -1,7 +1,7 @@
-"""Lets `from checks import check` work in the student notebooks of this folder.
+"""Lets ``from checks import check`` work in notebooks of this folder that still say so.
 
-The checks live one folder up, in lessons/checks.py; this file loads that module under the
-name ``checks`` (so the notebooks here and those in lessons/ import the very same code).
+The lessons now import ``from tinymlp.lessons import check``; the checks live in the package
+(``tinymlp/lessons/``). This file loads ``lessons/checks.py``, which re-exports them.
 """
 
 import importlib.util

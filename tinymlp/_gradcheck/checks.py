@@ -3,11 +3,15 @@
 * ``check_forward``: forward is deterministic, keeps float64, leaves its inputs alone; then the
   upstream gradient is drawn and the noise floor measured;
 * ``analytic``: the gradients backward produces (each tensor alone when the engine rejects one);
-  ``scales_linearly``: backward(2g) == 2 backward(g) and backward(0) == 0;
-* ``sample_positions`` / ``directional``: what sampled mode checks on a large tensor;
-* ``kinks``, ``stability`` and ``lost_precision``: can the numerical side be trusted for a
-  failing element (a kink within eps, an estimate that moves with eps, a forward that computes
-  in float32 inside)?
+  ``scales_linearly``: backward(2g) == 2 backward(g) and backward(0) == 0; ``backward_in_place``:
+  backward leaves its incoming gradient and the arrays forward saved alone, and gives the same
+  gradients twice through one graph;
+* ``sample_positions`` / ``directional`` / ``blocks`` / ``locate``: what sampled mode checks on a
+  large tensor (every element is in a block checked along random +-1 signs, small gradients in
+  small blocks), and how a failing block is halved down to its wrong elements;
+* ``kinks``, ``stability``, ``lost_precision`` and ``ignored_by_forward``: can the numerical
+  side be trusted for a failing element (a kink within eps, an estimate that moves with eps, a
+  forward that computes in float32 inside, an element that forward does not use at all)?
 * ``summarize``: the counts, verdict and worst elements of one tensor;
 * ``name_sources``: the Function whose backward computed a failing gradient (the "from" line),
   and whether it returned fewer gradients than its Function has inputs.
@@ -180,6 +184,91 @@ def scales_linearly(a1, a2, a0, dtype):
     return bool(np.abs(a2 - 2 * a1).max(initial=0) <= 2 * tol and np.abs(a0).max(initial=0) <= tol)
 
 
+def backward_in_place(run):
+    """Problems of a backward that changes arrays it does not own, found on one more graph.
+
+    Before backward: copies of the upstream gradients and of every array the graph's Functions
+    saved (``ctx.saved_tensors`` and array attributes of ctx). After it: anything changed is a
+    problem, named after its Function. Then backward runs a second time through the same graph
+    and must give the same gradients (it would not if it changed something else it relies on).
+    """
+    checked = run.checked
+    for c in checked:
+        c.tensor.grad = None
+    with enable_grad():
+        outputs = run.ev.outputs()
+    nodes = _graph_nodes(outputs)
+    saved = {id(node): _arrays_of(node) for node in nodes}
+    before = {key: [(label, arr, host(arr).copy()) for label, arr in arrays] for key, arrays in saved.items()}
+    upstream = [g.reshape(y.shape).copy() for y, g in zip(outputs, run.ev.upstream)]
+    given = [u.copy() for u in upstream]
+    for y, g in zip(outputs, given):
+        if y.requires_grad:
+            y.backward(g, retain_graph=True)
+    first = {c.name: None if c.tensor.grad is None else host(c.tensor.grad).copy() for c in checked}
+    problems = []
+    for y, g, u in zip(outputs, given, upstream):
+        if y.requires_grad and not same_bits(g, u) and y._ctx is not None and hasattr(y._ctx, "fn"):
+            name = _function_name(y._ctx)
+            problems.append(("mutated_upstream",
+                             f"{name}.backward changed its incoming gradient in place (g *= ..., g[...] = ...): "
+                             "the engine may hand that array to other Functions too; compute the result in a "
+                             "new array (g = g * ...)"))
+    for node in nodes:
+        for label, arr, copy in before[id(node)]:
+            if not same_bits(arr, copy):
+                problems.append(("mutated_saved",
+                                 f"{_function_name(node)}.backward changed {label} in place: a second backward "
+                                 "through this graph (retain_graph=True) would use the changed values; compute "
+                                 "into a new array (y = y * y, not y *= y)"))
+    if not problems:
+        for c in checked:
+            c.tensor.grad = None
+        for y, g in zip(outputs, upstream):
+            if y.requires_grad:
+                y.backward(g.copy(), retain_graph=True)
+        again = {c.name: None if c.tensor.grad is None else host(c.tensor.grad) for c in checked}
+        differ = [name for name in first if (first[name] is None) != (again[name] is None)
+                  or (first[name] is not None and not close_bits(first[name], again[name]))]
+        if differ:
+            problems.append(("not_repeatable",
+                             f"a second backward through the same graph gave other gradients for "
+                             f"{', '.join(map(repr, differ))}: backward changes something it relies on (an "
+                             "array kept on ctx, a global) in place; compute into new arrays"))
+    return problems
+
+
+def _graph_nodes(outputs):
+    """The Function nodes (Contexts) of the graph behind the outputs."""
+    nodes, seen = [], set()
+    stack = [y._ctx for y in outputs if getattr(y, "_ctx", None) is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or getattr(node, "fn", None) is None:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        stack.extend(p for p in getattr(node, "parents", ()) if p is not None and not isinstance(p, Tensor))
+    return nodes
+
+
+def _arrays_of(node):
+    """(label, array) for each array a node keeps for backward: saved tensors, then ctx attributes."""
+    arrays = [(f"ctx.saved_tensors[{i}]", a) for i, a in enumerate(getattr(node, "saved_tensors", ()) or ())
+              if hasattr(a, "shape") and hasattr(a, "dtype")]
+    known = {id(a) for _, a in arrays}
+    for key, value in vars(node).items():
+        if (key not in ("saved_tensors", "fingerprints") and hasattr(value, "shape") and hasattr(value, "dtype")
+                and not isinstance(value, Tensor) and id(value) not in known):
+            arrays.append((f"ctx.{key}", value))
+    return arrays
+
+
+def _function_name(node):
+    fn = getattr(node, "fn", None)
+    return getattr(getattr(fn, "reference", fn), "__name__", "a Function")
+
+
 def directional(run, c, a_host, rng):
     """n_proj random directions d: (L(x + h d) - L(x - h d)) / 2h against <a, actual step> / 2h."""
     h = run.settings.eps
@@ -202,6 +291,100 @@ def directional(run, c, a_host, rng):
         finally:
             arr[...] = base
     return out
+
+
+BLOCK_SHARE = 0.05  # an element off by this share of the RMS gradient fails its block ...
+OWN_SHARE = 0.5  # ... and so does one off by half its own gradient (a small gradient gets a small block)
+MAX_BLOCKS = 512
+LOCATE_BUDGET = 256  # directions spent halving failing blocks, per tensor
+
+
+def blocks(run, c, a_host, rng):
+    """Check every element of a large tensor, in blocks, each along random +-1 signs.
+
+    Along d = s / sqrt(b) (random signs s on a block of b elements), an element whose gradient
+    is off by e changes the directional derivative by e / sqrt(b), while the check tolerates
+    about ``tol`` = atol_eff + rtol * (the block's RMS gradient). So a block of b elements
+    catches, with a margin of 2, any element off by 2 tol sqrt(b). Each element j asks to be
+    caught when off by E_j = min(BLOCK_SHARE * RMS, OWN_SHARE * |a_j|) (never below 4 tol: what
+    a full check can see): elements are packed, largest E first, into blocks no larger than
+    (E / 2 tol)^2 for their smallest E. Large gradients share a few big blocks; small ones, where
+    a wrong factor is a small absolute error, get small blocks. (At most MAX_BLOCKS: then the
+    blocks are made larger and the report says what is still guaranteed.)
+
+    Returns ([(numerical, analytical, flat indices, signs), ...], description of the guarantee).
+    """
+    s = run.settings
+    a = np.abs(a_host.reshape(-1))
+    rms = float(np.sqrt(np.mean(a * a))) if a.size else 0.0
+    tol = s.atol_eff + s.rtol * rms
+    wanted = np.maximum(np.minimum(BLOCK_SHARE * rms, OWN_SHARE * a), 4 * tol)
+    order = np.lexsort((rng.random(a.size), -wanted))  # largest E first, ties in random order
+    limits = np.maximum(1, np.floor((wanted[order] / (2 * tol)) ** 2)).astype(np.int64)
+    starts, k = [], 0
+    while k < a.size:  # a block ends where its smallest E (its last element's) allows no more
+        starts.append(k)
+        size = 1
+        while k + size < a.size and size + 1 <= limits[k + size]:
+            size += 1
+        k += size
+    if len(starts) > MAX_BLOCKS:  # too many: equal blocks over the same order, and a weaker promise
+        step = math.ceil(a.size / MAX_BLOCKS)
+        starts = list(range(0, a.size, step))
+        promise = (f"an element off by more than {2 * tol * math.sqrt(step):.2g} fails its block "
+                   f"({len(starts)} blocks of {step}; smaller errors need mode='full')")
+    else:
+        promise = (f"an element off by more than {BLOCK_SHARE * rms:.2g} ({BLOCK_SHARE:.0%} of the RMS gradient) or "
+                   f"by half its own gradient (down to {4 * tol:.1g}) fails its block")
+    bounds = starts[1:] + [a.size]
+    checks = [_along(run, c, a_host, order[lo:hi], rng.choice((-1.0, 1.0), size=hi - lo))
+              for lo, hi in zip(starts, bounds)]
+    return checks, promise
+
+
+def locate(run, c, a_host, failing, rng, classify):
+    """Halve failing blocks until they are small; return the flat indices of the suspects.
+
+    Each half is checked along its own random +-1 direction; a half that agrees is dropped.
+    One wrong element among b costs about 2 log2(b) directions to find.
+    """
+    s = run.settings
+    suspects, budget, queue = [], LOCATE_BUDGET, [idx for _, _, idx, _ in failing]
+    while queue:
+        idx = queue.pop()
+        if len(idx) <= 8:
+            suspects.extend(int(i) for i in idx)
+            continue
+        for half in (idx[: len(idx) // 2], idx[len(idx) // 2:]):
+            if budget <= 0:
+                return sorted(set(suspects)), False
+            budget -= 1
+            nu, an, _, _ = _along(run, c, a_host, half, rng.choice((-1.0, 1.0), size=len(half)))
+            if classify(np.array([an]), np.array([nu]), s.rtol, s.atol_eff)[0][0] == FAIL:
+                queue.append(half)
+    return sorted(set(suspects)), True
+
+
+def _along(run, c, a_host, flat_index, signs):
+    """The derivative along d = signs / sqrt(k) on the given elements: (numerical, analytical, index, signs)."""
+    h = run.settings.eps
+    arr = c.tensor.data
+    flat = arr.reshape(-1)
+    values = host(flat)[flat_index]
+    d = signs / math.sqrt(len(flat_index))
+    up, down = (values + h * d).astype(values.dtype), (values - h * d).astype(values.dtype)
+    index = to_device(flat_index, c.tensor.device) if c.tensor.device != "cpu" else flat_index
+    with no_grad():
+        try:
+            flat[index] = to_device(up, c.tensor.device)
+            Lp = run.ev.loss()
+            flat[index] = to_device(down, c.tensor.device)
+            Lm = run.ev.loss()
+        finally:
+            flat[index] = to_device(values, c.tensor.device)
+    step = up.astype(np.float64) - down.astype(np.float64)
+    analytical = float((a_host.reshape(-1)[flat_index] * step).sum()) / (2 * h)
+    return float(Lp - Lm) / (2 * h), analytical, flat_index, signs
 
 
 def sample_positions(shape, n_coords, rng):
@@ -288,8 +471,9 @@ def lost_precision(run, c, result, elements, classify):
                 flat[i] = v
         finally:
             flat[i] = v
-    if flat_same * 4 < 3 * len(probes):
-        return
+    ignored = ignored_by_forward(run, c, index)
+    if ignored.all() or flat_same * 4 < 3 * len(probes):
+        return  # forward ignores these elements (a mask): diagnose() says so
     # Compare again as a float32 check would: eps 1e-3, rtol 1e-2, atol 1e-3 (plus float32's noise floor).
     checked = [ch for ch in elements if not isinstance(ch.index, str)]
     where = np.array([np.ravel_multi_index(ch.index, shape) if ch.index else 0 for ch in checked])
@@ -318,6 +502,29 @@ def lost_precision(run, c, result, elements, classify):
                        "dtype, then the float64 check can certify backward")
     else:
         result.hint = (f"float32 inside forward, and backward looks wrong too: {at32} elements only")
+
+
+def ignored_by_forward(run, c, flat_index):
+    """For each element: does forward ignore it? Moving it by half its size (at least 0.5) up
+    and down leaves L bit for bit unchanged: a masked position, not rounding (a float32 step of
+    1e-9 is lost, one of 0.5 never is)."""
+    flat = c.tensor.data.reshape(-1)
+    values = host(flat)[flat_index]
+    out = np.zeros(len(flat_index), dtype=bool)
+    with no_grad():
+        try:
+            for k, (i, v) in enumerate(zip(np.asarray(flat_index).tolist(), values.tolist())):
+                step = 0.5 * max(1.0, abs(v))
+                same = True
+                for moved in (v + step, v - step):
+                    flat[i] = moved
+                    same = same and run.ev.loss_host() == run.L0
+                flat[i] = v
+                out[k] = same
+        finally:
+            if len(flat_index):
+                flat[i] = v
+    return out
 
 
 def summarize(result, elements, topk, n_directions=0):

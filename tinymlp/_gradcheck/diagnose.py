@@ -70,7 +70,7 @@ def _explain_failure(run, c, result, checks, missing, linear):
     where = ", ".join(ch.where(name) for ch in elements[:3]) + (" ..." if len(elements) > 3 else "")
     result.pattern = f"{len(elements)} of {n_elements} elements fail" + (f": {where}" if elements else "")
     if result.n_directions:
-        result.pattern += f"; {len(fails) - len(elements)} of {result.n_directions} random directions fail"
+        result.pattern += f"; {len(fails) - len(elements)} of {result.n_directions} directions fail"
     if not fails:
         result.pattern = "every check agrees with the numerical gradient, but backward(2g) != 2 backward(g)"
 
@@ -83,9 +83,9 @@ def _explain_failure(run, c, result, checks, missing, linear):
         result.hint = ("the numerical estimate is not finite: forward is NaN/inf near the inputs, "
                        "or the step is lost to rounding")
     elif fails and not elements:
-        result.hint = (f"the {n_elements} sampled elements agree but random directions do not: the error sits "
-                       f"in elements that were not sampled; rerun with mode='full' (or a larger n_coords) "
-                       "to find them")
+        result.hint = (f"the {n_elements} sampled elements agree but directions do not: the error is spread "
+                       "over elements that were not sampled (each one off by too little to find alone); rerun "
+                       "with mode='full' to list them")
     elif missing or not np.any(a):
         result.hint_kind = "no_gradient"
         result.hint = (f"no gradient reached {name!r}: backward returns None/zeros for it, "
@@ -94,6 +94,8 @@ def _explain_failure(run, c, result, checks, missing, linear):
         result.hint_kind = "upstream_ignored"
         result.hint = ("backward ignores or does not scale with its incoming gradient: "
                        "backward(2g) != 2 backward(g); multiply the local derivative by grad")
+    elif _ignored_by_forward(run, c, result, elements):
+        pass
     else:
         # A ratio shared by several elements is the stronger clue; one element always has "a ratio".
         ratio = _common_ratio(run, elements)
@@ -110,14 +112,86 @@ def _explain_failure(run, c, result, checks, missing, linear):
                 result.pattern += f"; there analytical / numerical = {ratio[0]:.4g}"
             if subset is not None:
                 result.pattern += f"; the other {subset[2] - subset[1]} elements are right"
-        elif _transpose_hint(run, result):
+        elif _transpose_hint(run, result) or _swapped_halves(run, c, result):
             pass
-        elif all(ch.numerical == 0 for ch in elements):
-            result.hint = f"the output does not depend on {name!r} numerically, yet backward gives it one"
         elif len(elements) == n_elements:
             _still_known(run, c, result, elements)
-    if result.n_directions and "random directions" not in result.pattern:
-        result.pattern += f"; {len(fails) - len(elements)} of {result.n_directions} random directions fail"
+    if elements and len(elements) <= 3 and elements[0].where(name) not in result.pattern:
+        result.pattern += f" ({where})"
+    if result.hint is None and len(elements) == 1 and n_elements > 1:
+        result.hint = (f"only {where} is wrong of the {n_elements} elements checked: backward treats that "
+                       "position apart (an index written by hand, a loop that stops one short)")
+    if result.n_directions and " directions fail" not in result.pattern:
+        result.pattern += f"; {len(fails) - len(elements)} of {result.n_directions} directions fail"
+
+
+def _ignored_by_forward(run, c, result, elements):
+    """Every failing element has a numerical gradient of exactly 0 because forward ignores it."""
+    if not elements or any(ch.numerical != 0 for ch in elements):
+        return False
+    from .checks import ignored_by_forward  # the probe moves inputs: it lives with the other checks
+
+    probe = elements[:16]
+    index = np.array([np.ravel_multi_index(ch.index, c.tensor.shape) if ch.index else 0 for ch in probe])
+    if not ignored_by_forward(run, c, index).all():
+        return False
+    where = ", ".join(ch.where(c.name) for ch in elements[:3]) + (" ..." if len(elements) > 3 else "")
+    result.hint_kind = "ignored_by_forward"
+    result.pattern = (f"{len(elements)} of {len(elements)} failing elements ({where}) have a numerical gradient "
+                      f"of exactly 0: moving one (by half its size) leaves the loss exactly unchanged, so forward "
+                      "ignores them")
+    result.hint = ("backward gives a gradient where forward has none (a mask or tril missing?): apply to the "
+                   "gradient the same mask that forward applies to its input")
+    return True
+
+
+def _swapped_halves(run, c, result):
+    """a equals n with the two halves of one axis exchanged (a split whose gradients are concatenated
+    in the wrong order)."""
+    a, n = result.analytical, result.numerical
+    if a is None or n is None or np.isnan(n).any():
+        return False
+    tol = dict(rtol=10 * run.settings.rtol, atol=run.settings.atol_eff)
+    for axis, size in enumerate(a.shape):
+        if size >= 2 and size % 2 == 0 and np.allclose(a, np.roll(n, size // 2, axis=axis), **tol):
+            result.hint_kind = "swapped_halves"
+            result.pattern = (f"the analytical gradient equals the numerical one with the halves [:{size // 2}] "
+                              f"and [{size // 2}:] of axis {axis} exchanged")
+            result.hint = (f"the two halves of {c.name!r} along axis {axis} are swapped: backward returns [gradient "
+                           "of the second half, gradient of the first half]; concatenate the gradients in "
+                           "forward's split order")
+            return True
+    return False
+
+
+def _row_structure(run, c, result):
+    """The error a - n has the shape of a normalisation's row terms along one axis:
+    ("row_constant", axis) when it is constant along the axis in each row, ("row_terms", axis)
+    when it is a + b x_hat in each row (x_hat: the row of the checked tensor, normalised);
+    else None. Needs every element (full mode) and rows of at least 4."""
+    a, n = result.analytical, result.numerical
+    if a is None or n is None or np.isnan(n).any() or a.ndim == 0:
+        return None
+    err = a - n
+    scale = np.linalg.norm(err)
+    if scale == 0:
+        return None
+    x = np.asarray(to_device(c.tensor.data, "cpu"), dtype=np.float64)
+    for axis in sorted(range(a.ndim), key=lambda k: k != a.ndim - 1):  # the last axis first
+        if a.shape[axis] < 4:
+            continue
+        e = np.moveaxis(err, axis, -1)
+        constant = e - e.mean(axis=-1, keepdims=True)
+        if np.linalg.norm(constant) <= 1e-3 * scale:
+            return "row_constant", axis
+        xc = np.moveaxis(x, axis, -1)
+        xc = xc - xc.mean(axis=-1, keepdims=True)
+        # remove the projection on 1 (done above) and on the centred row, row by row
+        denom = (xc * xc).sum(axis=-1, keepdims=True)
+        beta = np.where(denom > 0, (constant * xc).sum(axis=-1, keepdims=True) / np.where(denom > 0, denom, 1), 0)
+        if np.linalg.norm(constant - beta * xc) <= 1e-3 * scale:
+            return "row_terms", axis
+    return None
 
 
 def _which_fail(c, checks):
@@ -187,6 +261,22 @@ def _still_known(run, c, result, elements):
         result.hint = (f"the error is proportional to an input: backward has a term {exact} too many "
                        "(or with the wrong sign or factor); compare that term with the derivation")
         return
+    rows = _row_structure(run, c, result)
+    if rows is not None:
+        kind, axis = rows
+        result.hint_kind = kind
+        if kind == "row_constant":
+            result.pattern += f"; analytical - numerical is constant along axis {axis} in each row"
+            result.hint = (f"a term like g.mean(axis={axis}, keepdims=True) is missing or extra in backward: the "
+                           "error is the same for every element of a row (the row-mean term of a normalisation, "
+                           "or a term that should be summed over the row)")
+        else:
+            result.pattern += (f"; analytical - numerical is, in each row along axis {axis}, a combination of 1 and "
+                               "the row's normalised values (a + b x_hat)")
+            result.hint = ("the row-mean terms of a normalisation's backward are off: g.mean() and "
+                           "x_hat * (g * x_hat).mean() (a mean divided by D twice, a term missing or with the "
+                           "wrong sign); compare r * (g - mean(g) - x_hat * mean(g * x_hat)) term by term")
+        return
     if one_sign is not None:
         label, lo, hi = one_sign
         sign = "negative" if hi < 0 else "positive"
@@ -233,7 +323,9 @@ def _error_against_inputs(run, c, elements, err):
 
 
 def diagnose_across(run, results):
-    """Two failing tensors of one shape whose gradients are each other's: returned swapped."""
+    """What the failing tensors say together: two gradients returned swapped, or several wrong
+    gradients that share one intermediate of backward (tied to a transposed weight when they are
+    exactly the gradients of forward with that weight transposed)."""
     failing = [r for r in results.values() if r.verdict == "FAIL" and r.analytical is not None
                and r.numerical is not None and not np.isnan(r.numerical).any()]
     tol = dict(rtol=10 * run.settings.rtol, atol=run.settings.atol_eff)
@@ -248,6 +340,69 @@ def diagnose_across(run, results):
                              f"{other.name!r}, and the other way round")
                 r.hint = (f"backward returns the gradients of {ra.name!r} and {rb.name!r} in swapped order: "
                           "swapping them would pass; return one gradient per input, in forward's order")
+    _tie(run, results, [r for r in failing if r.hint_kind != "swapped"])
+
+
+def _names(names):
+    names = [repr(n) for n in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _tie(run, results, failing):
+    """Several inputs fail while others pass: their wrong gradients share an intermediate."""
+    right = [r.name for r in results.values() if r.verdict == "ok"]
+    if not failing or not right or len(failing) + len(right) < 3:
+        return
+    transposed = _transposed_weight(run, results, failing)
+    together = (f"{_names([r.name for r in failing])} fail together while {_names(right)} "
+                f"{'are' if len(right) > 1 else 'is'} right")
+    for r in failing:
+        if len(failing) > 1:
+            r.pattern = f"{together}; {r.pattern}" if r.pattern else together
+        if transposed is not None:
+            shared = "these gradients share" if len(failing) > 1 else "this gradient goes through"
+            r.hint_kind = "shared_intermediate"
+            r.hint = (f"the wrong gradients ({_names([f.name for f in failing])}) are exactly what they would be "
+                      f"with {transposed!r} transposed: backward uses {transposed} where it needs {transposed}.T "
+                      f"(or the other way round) in the step {shared}, upstream of them all (the gradient sent "
+                      f"back through {transposed}: {transposed}.T @ dY)")
+        elif len(failing) > 1 and r.hint_kind in (None, "wrong_formula", "partial_branch"):
+            r.hint_kind = "shared_intermediate"
+            r.hint = (f"{together}: the error is in a quantity of backward that only the wrong gradients are "
+                      "computed from (an intermediate gradient they share); check that step first")
+
+
+def _transposed_weight(run, results, failing):
+    """The name of a square checked tensor W such that, with W transposed in forward, the
+    numerical gradients of the failing elements equal backward's: else None."""
+    from .checks import working_snapshot  # noqa: F401 (the probes below restore bit for bit)
+
+    squares = [c for c in run.checked if c.tensor.ndim >= 2 and c.tensor.shape[-1] == c.tensor.shape[-2] > 1
+               and c.name not in {r.name for r in failing}]
+    by_name = {c.name: c for c in run.checked}
+    wrong = []
+    for r in failing:
+        bad = np.flatnonzero(~np.isclose(r.analytical, r.numerical, rtol=run.settings.rtol,
+                                         atol=run.settings.atol_eff).reshape(-1))
+        wrong.append((by_name[r.name], r, bad[:512]))
+    for w in squares:
+        data = w.tensor.data
+        original = data.copy()
+        try:
+            data[...] = data.swapaxes(-1, -2).copy()
+            L0 = run.ev.loss_host()
+            ok = True
+            for c, r, bad in wrong:
+                n = run.ev.central_differences(c.tensor, bad, run.settings.eps, L0)[0]
+                a = r.analytical.reshape(-1)[bad]
+                if not np.allclose(a, n, rtol=10 * run.settings.rtol, atol=run.settings.atol_eff):
+                    ok = False
+                    break
+        finally:
+            data[...] = original
+        if ok:
+            return w.name
+    return None
 
 
 # ------------------------------------------------------------------------------- the clues
@@ -369,8 +524,12 @@ def _location(checks, shape, name):
 # ------------------------------------------------------------------------------- engine errors
 
 
-def explain_engine_error(result, parsed):
-    """The engine rejected the gradient backward produced for this tensor (shape or dtype)."""
+def explain_engine_error(result, parsed, input_names=(), shapes=None):
+    """The engine rejected the gradient backward produced for this tensor (shape or dtype).
+
+    ``input_names`` (forward's inputs, in order) and ``shapes`` ({checked name: shape}) let the
+    hint say when a gradient has the shape of another input: gradients returned out of order.
+    """
     result.verdict, result.error = "FAIL", parsed["text"]
     result.pattern = f"backward raised: {parsed['text']}"
     if parsed["kind"] == "count":  # the engine counted: fewer gradients than inputs
@@ -380,10 +539,14 @@ def explain_engine_error(result, parsed):
                        "inputs: return one gradient per input of forward, in order (None where none is needed)")
         return
     if parsed["kind"] == "dtype":
+        way = "downcast" if np.dtype(parsed["got"]).itemsize < np.dtype(parsed["want"]).itemsize else "upcast"
+        result.pattern = (f"backward raised: {parsed['fn']}.backward returned a {parsed['got']} gradient for a "
+                          f"{parsed['want']} input (a {way})")
         result.hint = (f"{parsed['fn']}.backward returns a {parsed['got']} gradient for a {parsed['want']} "
                        "input: a constant or astype of another dtype in backward; keep the input's dtype")
         return
     got, want = parsed["got"], parsed["want"]
+    others = [name for name, shape in (shapes or {}).items() if name != result.name and tuple(shape) == tuple(got)]
     axes = _broadcast_axes(got, want)
     if len(got) == len(want) >= 2 and got == want[:-2] + (want[-1], want[-2]):
         result.hint_kind = "transpose"
@@ -391,25 +554,50 @@ def explain_engine_error(result, parsed):
                        "a weight gradient like g.T @ x instead of x.T @ g (or W vs W.T)")
     elif axes is not None:
         result.hint_kind = "broadcast_not_summed"
-        keep = [a for a in axes if a >= len(got) - len(want)]
-        result.hint = (f"{parsed['fn']}.backward returned shape {got} for an input of shape {want}: the "
-                       f"input was broadcast, so sum the gradient over axes {axes}"
-                       + (f" (keepdims=True for the stretched size-1 axes {keep})" if keep else "")
-                       + "; autograd.unbroadcast(grad, shape) does exactly this")
+        summed, keep, numpy_rule = axes
+        which = (f"axis {summed[0]} (g.sum(axis={summed[0]}))" if len(summed) == 1
+                 else f"axes {summed} (g.sum(axis={summed}))")
+        result.hint = (f"{parsed['fn']}.backward returned shape {got} for an input of shape {want}: forward "
+                       f"broadcast the input, so sum the gradient over {which}"
+                       + (f" with keepdims=True for the stretched size-1 axes {keep}" if keep else "")
+                       + ("; autograd.unbroadcast(grad, shape) does exactly this" if numpy_rule else
+                          "; forward used it with a new axis inside (like b[:, None])"))
+    elif others:
+        order = ", ".join(input_names) if input_names else ", ".join(shapes)
+        result.hint_kind = "wrong_order"
+        result.hint = (f"the gradient returned for {result.name!r} has the shape of {others[0]!r} {tuple(got)}: "
+                       f"{parsed['fn']}.backward returns the gradients in another order than forward takes its "
+                       f"inputs; return one gradient per input in forward's order ({order})")
     else:
         result.hint_kind = "wrong_shape"
         result.hint = f"{parsed['fn']}.backward returned a gradient of shape {got} for an input of {want}"
 
 
 def _broadcast_axes(got, want):
-    """The axes to sum so that a gradient of shape ``got`` becomes ``want`` (None if impossible)."""
+    """How a gradient of shape ``got`` sums down to ``want``: (axes to sum, of which the size-1
+    axes kept, True when NumPy's broadcasting rule explains it), or None if no sum does.
+
+    First NumPy's rule (``want`` aligned on the right); then ``want`` found inside ``got`` in
+    order, for an input that forward reshaped before broadcasting (``b[:, None]``).
+    """
     extra = len(got) - len(want)
     if extra < 0:
         return None
-    axes = list(range(extra))
+    axes, keep, ok = list(range(extra)), [], True
     for k, (g, w) in enumerate(zip(got[extra:], want)):
         if g != w:
             if w != 1:
-                return None
+                ok = False
+                break
             axes.append(extra + k)
-    return tuple(axes) if axes else None
+            keep.append(extra + k)
+    if ok:
+        return (tuple(axes), tuple(keep), True) if axes else None
+    positions, k = [], 0
+    for axis, g in enumerate(got):  # the leftmost embedding of want in got
+        if k < len(want) and g == want[k]:
+            positions.append(axis)
+            k += 1
+    if k < len(want):
+        return None
+    return tuple(a for a in range(len(got)) if a not in positions), (), False

@@ -15,12 +15,13 @@ HINT_KINDS = (
     "sign", "factor2", "half", "mean_vs_sum", "scale_sqrt_d", "transpose", "broadcast_not_summed",
     "no_gradient", "upstream_ignored", "kink", "partial_branch", "boundary", "nan", "wrong_shape",
     "partial_scale", "wrong_formula", "swapped", "low_precision", "too_few_gradients",
+    "ignored_by_forward", "row_constant", "row_terms", "swapped_halves", "wrong_order", "shared_intermediate",
 )
 """The values ``TensorResult.hint_kind`` can take (besides None)."""
 
 PROBLEM_KINDS = (
     "nondeterministic", "mutated_input", "downcast", "low_precision", "unpromoted_tensor", "not_restored",
-    "no_output",
+    "no_output", "mutated_upstream", "mutated_saved", "not_repeatable",
 )
 """Problems with the forward function as a whole, found before any gradient is compared."""
 
@@ -68,7 +69,9 @@ class TensorResult:
     trust: str | None = None
     source: str | None = None  # the Function(s) whose backward computed this gradient (the "from" line)
     error: str | None = None  # an error raised by the engine during this tensor's backward
-    n_directions: int = 0  # sampled mode: how many of the checks are random directions
+    n_directions: int = 0  # sampled mode: how many of the checks are directions (random and block)
+    n_blocks: int = 0  # sampled mode: how many of those are +-1 directions over blocks of every element
+    block_promise: str = ""  # sampled mode: which wrong elements the blocks are sure to catch
     worst: list = field(default_factory=list)  # the worst ElementChecks, worst first
     numerical: np.ndarray | None = None  # float64, NaN where not checked (sampled mode)
     analytical: np.ndarray | None = None
@@ -206,8 +209,13 @@ def _format_report(report) -> str:
             lines.append(f"note {r.name}: {r.pattern}")
     for r in report.per_tensor.values():
         if r.mode.startswith("sampled") and r.n_directions:
+            random = r.n_directions - r.n_blocks
+            blocks = ""
+            if r.n_blocks:
+                blocks = (f"; every element is in one of {r.n_blocks} blocks checked along random +-1 signs: "
+                          f"{r.block_promise}")
             lines.append(f"note {r.name}: sampled mode checked {r.n_elements} of {r.size:,} elements and "
-                         f"{r.n_directions} random directions; to check every element pass mode='full' "
+                         f"{random} random directions{blocks}; to check every element pass mode='full' "
                          f"({2 * r.size:,} forwards), with wrt=[{r.name!r}] to check only this tensor")
     if report.verdict != "PASS":
         lines.append(f"reproduce: {s.call}")
@@ -233,7 +241,8 @@ def _table(results):
         if not r.checked:  # backward raised, or the forward could not be checked at all
             counts = ("-",) * 5
         if r.checked and r.mode.startswith("sampled") and r.n_directions:
-            counts = (f"{r.n_elements} of {r.size} + {r.n_directions} dir", *counts[1:])
+            blocks = f" + {r.n_blocks} blocks" if r.n_blocks else ""
+            counts = (f"{r.n_elements} of {r.size} + {r.n_directions - r.n_blocks} dir{blocks}", *counts[1:])
         rows.append((f"{r.kind} {r.name}", str(r.shape).replace(" ", ""), *counts, r.verdict))
     widths = [max(len(row[k]) for row in [header, *rows]) for k in range(len(header))]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
@@ -248,7 +257,7 @@ def _details(r):
     if r.worst:
         split = ""
         if r.n_directions:
-            split = f", of {r.n_elements} elements and {r.n_directions} random directions"
+            split = f", of {r.n_elements} elements and {r.n_directions} directions"
         lines.append(f"{r.verdict} {r.name} - worst {len(r.worst)} of {count} {noun} ({r.mode} mode{split}):")
         cells = [("index", "numerical", "analytical", "abs err", "rel err")]
         for ch in r.worst:

@@ -1,0 +1,82 @@
+"""The exercises of the course: what each one asks, where it is taught, how it is checked.
+
+An exercise is a check function registered with ``@exercise``::
+
+    @exercise("04.1", "LayerNorm backward", answer="MyLayerNorm",
+              section="lesson 4, section 3", reference="tinymlp/ops/norm.py (LayerNorm)",
+              forbidden=("tinymlp.ops.norm.LayerNorm",))
+    def _layernorm(cls, case):
+        x = case.tensor((2, 3, 8), hidden=(3, 2, 5))
+        ...
+
+The check receives the student's answer and a ``Case``: the public case (the exercise's own
+seed and shapes, the same every time: what a notebook's ``check`` runs) or a hidden one (a
+seed of the grader's and other shapes, which the notebook never saw). It raises ``Wrong`` (or
+``GradcheckError``) when the answer is wrong and returns when it is right.
+
+``forbidden`` names the library code that implements the same thing: an answer that calls it
+fails (``tinymlp/lessons/guard.py``). ``answer`` is the name the notebook gives the answer, for
+a notebook whose ``check`` call was deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["EXERCISES", "Case", "Exercise", "Wrong", "exercise"]
+
+
+class Wrong(Exception):
+    """An answer that disagrees with the reference; the message says how."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    title: str
+    run: object  # run(answer, case): raises Wrong / GradcheckError when the answer is wrong
+    answer: str  # the name the lesson gives the answer (MyLayerNorm, neuron_gradient, ...)
+    section: str  # where the lesson teaches it: "lesson 4, section 3 (the Function)"
+    reference: str  # the file of tinymlp that does the same: "tinymlp/ops/norm.py (LayerNorm)"
+    forbidden: tuple = ()  # dotted names of that code: an answer may not call it
+    seed: int = 0  # the public case's seed
+
+    @property
+    def lesson(self) -> str:
+        return self.id.split(".")[0]
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def exercise(ex_id, title, *, answer, section, reference, forbidden=(), seed=0):
+    """Register a check function as the check of exercise ``ex_id``."""
+    def register(fn):
+        EXERCISES[ex_id] = Exercise(ex_id, title, fn, answer, section, reference, tuple(forbidden), seed)
+        return fn
+    return register
+
+
+@dataclass
+class Case:
+    """The inputs of one run of a check: public (the exercise's seed) or hidden (the grader's).
+
+    ``rng`` draws every value; ``pick(public, hidden)`` chooses shapes and sizes, so that a
+    hidden case also catches an answer that hard-codes the public case's shapes.
+    """
+
+    seed: int
+    hidden: bool = False
+    rng: np.random.Generator = field(init=False, repr=False)
+    call: str = ""  # the arguments that repeat this case: '"04.1", MyLayerNorm, seed=123' (reproduce lines)
+    capture: int | None = None  # tinymlp.lessons.case: stop at this gradcheck and hand back its (fn, inputs)
+    gradchecks: int = 0  # how many gradchecks this run has made so far
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+
+    def pick(self, public, hidden):
+        """``public`` in the public case, ``hidden`` in a hidden one."""
+        return hidden if self.hidden else public
