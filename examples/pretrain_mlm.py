@@ -77,7 +77,7 @@ def prepare(args, out, meta, preset, overrides):
     order = np.random.default_rng(0).permutation(len(lines))         # a fixed held-out 5%
     n_val = max(1, len(lines) // 20)
     val_lines, train_lines = [lines[i] for i in order[:n_val]], [lines[i] for i in order[n_val:]]
-    tok = tokenizer_for(out, lambda: train_lines, args.max_vocab, resumed=meta is not None)
+    tok = tokenizer_for(out, lambda: train_lines, args.max_vocab, resumed=meta is not None, meta=meta)
     seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]
 
     def tokens(texts):
@@ -102,4 +102,4 @@ def prepare(args, out, meta, preset, overrides):
 
 
 if __name__ == "__main__":
-    sys.exit(run(build_parser(), prepare))
+    sys.exit(run(build_parser(), prepare, lm=True))
