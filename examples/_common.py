@@ -31,6 +31,7 @@ import math
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 try:
@@ -169,13 +170,24 @@ def interrupted_message(argv=None) -> str:
     out = RUN.get("out")
     if out is None:
         return "interrupted before training started: nothing was written"
-    if not RUN.get("saved"):
+    saved = _saved_epoch(Path(out) / CHECKPOINT, RUN["started"])
+    if not saved:
         if RUN.get("resume") is not None:
             return (f"interrupted before this run finished an epoch: {RUN['resume']} is as it was; "
                     f"continue with the same command")
         return "interrupted before the first epoch finished: nothing was saved; run the same command to start again"
-    return (f"interrupted; epoch {RUN['saved']} is saved in {Path(out) / CHECKPOINT}; continue with:\n  "
+    return (f"interrupted; epoch {saved} is saved in {Path(out) / CHECKPOINT}; continue with:\n  "
             + resume_command(argv, out))
+
+
+def _saved_epoch(path, since):
+    """The epoch of the checkpoint ``path`` if this run wrote it (after ``since``), else None."""
+    try:
+        if os.stat(path).st_mtime < since - 1:
+            return None
+        return int(checkpoint.read_meta(path)["epoch"])
+    except (OSError, CheckpointError, KeyError, TypeError, ValueError):
+        return None
 
 
 def resume_command(argv, out) -> str:
@@ -229,8 +241,11 @@ FLAG_RANGES = {
 }
 
 
+FLAG_NAMES = {"max_vocab": "--vocab-size"}     # flags whose dest is not their name
+
+
 def _flag(name):
-    return "--" + name.replace("_", "-")
+    return FLAG_NAMES.get(name) or "--" + name.replace("_", "-")
 
 
 def _check_args(args):
@@ -593,7 +608,7 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
 
     out.mkdir(parents=True, exist_ok=True)
-    RUN.update(out=out, resume=resume, saved=0)
+    RUN.update(out=out, resume=resume, started=time.time())
     show = False if args.no_progress else None       # None: bars when stderr is a terminal
     bars = show is None and sys.stderr.isatty()
     loss_fn = _loss(args.label_smoothing)
@@ -603,7 +618,6 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
                         preset=meta["preset"] if meta else preset, model_config=model.config,
                         model_class=cls.__name__,
                         dataset=args.dataset, args=vars(args))
-        RUN["saved"] = epoch
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="test")
         if not bars:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from _common import (
@@ -161,7 +162,7 @@ def _train(args, prepare, explicit, lm=False):
           f"{_count(args.epochs, 'epoch')} x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
     out.mkdir(parents=True, exist_ok=True)
-    RUN.update(out=out, resume=resume, saved=0)
+    RUN.update(out=out, resume=resume, started=time.time())
     tok.save(out / TOKENIZER)      # this run's, also over an older run's file (--overwrite)
     show = False if args.no_progress else None
     bars = show is None and sys.stderr.isatty()
@@ -172,7 +173,6 @@ def _train(args, prepare, explicit, lm=False):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
                         rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
                         args=vars(args), tokenizer=tok.to_dict())
-        RUN["saved"] = epoch
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}")
         if not bars:
