@@ -7,7 +7,8 @@ new head) and changes the defaults to its recipe (SGD, cosine decay: ``--optimiz
 
 The recipe (defaults, all flags can change them):
 
-- data: CIFAR-10 (or CIFAR-100, or the generated ``synthetic`` set), random crop with 4 pixels
+- data: CIFAR-10 (or CIFAR-100, the generated ``synthetic`` set, or your own images: ``folder``,
+  ``npz``, resized to the model's size; see ``OWN_DATA``), random crop with 4 pixels
   of zero padding and horizontal flip, per-channel normalisation with the dataset's true mean
   and std (``tinymlp.data.CIFAR10_MEAN``/``_STD``); batches moved to the device as uint8;
 - optimiser: AdamW, betas (0.9, 0.999), lr 1e-3, weight decay 0.05 on weights (not on
@@ -33,6 +34,8 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 try:
     import tinymlp  # noqa: F401
@@ -78,11 +81,17 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g = p.add_argument_group("device and data")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where to train ('cuda' needs CuPy and a GPU: see python -m tinymlp doctor)")
-    g.add_argument("--dataset", choices=["cifar10", "cifar100", "synthetic"], default="cifar10",
-                   help="'synthetic' is a generated 10-class set in the CIFAR format: no download")
+    g.add_argument("--dataset", choices=["cifar10", "cifar100", "synthetic", "folder", "npz"], default="cifar10",
+                   help="'synthetic' is a generated 10-class set in the CIFAR format: no download; your own "
+                        "images: 'folder' (--data-dir DIR with DIR/train/<class>/*.png|jpg and DIR/test/<class>/...; "
+                        "needs Pillow) or 'npz' (--data-dir FILE.npz with x_train, y_train, x_test, y_test)")
     g.add_argument("--data-dir", default=None,
                    help="folder holding (or receiving) the CIFAR files; default: $TINYMLP_DATA, else "
-                        "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp")
+                        "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp. With --dataset folder: the image "
+                        "folder; with --dataset npz: the .npz file")
+    g.add_argument("--test-fraction", type=float, default=0.1, metavar="F",
+                   help="--dataset folder without a test/ folder: F of each class's images, chosen by a "
+                        "fixed seed, are held out as the test set")
     g.add_argument("--no-download", action="store_true",
                    help="never use the network: fail if the data is not already in --data-dir")
     g.add_argument("--download-url", default=None, metavar="URL",
@@ -233,7 +242,7 @@ FLAG_RANGES = {
     "synthetic_size": (1, True, None, False), "limit_batches": (1, True, None, False),
     "seed": (0, True, None, False),
     "lr": (0, False, None, False), "weight_decay": (0, True, None, False), "clip": (0, True, None, False),
-    "warmup": (0, True, None, False), "label_smoothing": (0, True, 1, False),
+    "warmup": (0, True, None, False), "label_smoothing": (0, True, 1, False), "test_fraction": (0, False, 1, False),
     "mixup": (0, True, None, False), "cutmix": (0, True, None, False),
     "dim": (1, True, None, False), "depth": (1, True, None, False), "token_mlp_dim": (1, True, None, False),
     "channel_mlp_dim": (1, True, None, False), "ffn_dim": (1, True, None, False),
@@ -266,6 +275,8 @@ def _check_args(args):
     if args.warmup is not None and args.warmup > args.epochs:
         raise UsageError(f"--warmup {args.warmup:g} epochs is longer than the run (--epochs {args.epochs}): "
                          "expected at most --epochs")
+    if getattr(args, "dataset", None) in OWN_IMAGES and not args.data_dir:
+        raise UsageError(f"--dataset {args.dataset} needs --data-dir {OWN_IMAGES[args.dataset]}")
 
 
 def _check_writable(out: Path):
@@ -280,8 +291,50 @@ def _check_writable(out: Path):
         raise UsageError(f"--out {out}: not writable{where}; choose a folder you can write to")
 
 
-def _datasets(args):
+# your own images: --dataset -> what --data-dir names
+OWN_IMAGES = {"folder": "DIR (DIR/train/<class>/*.png|jpg and DIR/test/<class>/...)",
+              "npz": "FILE.npz (arrays x_train, y_train, x_test, y_test)"}
+OWN_DATA = ("folder", "npz", "csv")     # datasets whose class names the user gives: confusion.png shows them
+CONFUSION = "confusion.png"
+
+
+def _model_image_size(args, preset, overrides, meta=None) -> int:
+    """The side in pixels the model takes: --image-size (finetune.py), the checkpoint's, or the preset's."""
+    size = getattr(args, "image_size", None)
+    if size is None and meta is not None:
+        size = meta["model_config"].get("image_size")
+    if size is None:
+        try:
+            size = preset_config(preset, **overrides)[1].get("image_size")
+        except KeyError:
+            size = None
+    size = size or 32
+    return size if isinstance(size, int) else int(size[0])
+
+
+def _own_images(args, size):
+    """(train, test) from --data-dir, resized to ``size``: a class folder tree or an npz file."""
+    from tinymlp.data import folder
+
+    if args.dataset == "npz":
+        return folder.load_npz(args.data_dir, size=size)
+    root = Path(args.data_dir)
+    train = folder.ImageFolder(root, "train", size=size)
+    if (root / "test").exists():
+        return train, folder.ImageFolder(root, "test", size=size, classes=train.classes)
+    keep, held = folder.held_out_split(train.labels, args.test_fraction, seed=0)
+    if len(held) == 0:
+        raise DatasetError(f"{root} has no test/ folder and too few images to hold {args.test_fraction:g} of each "
+                           "class out: add a test/ folder")
+    print(f"note: {root} has no test/ folder: {len(held)} of its {len(train)} images ({args.test_fraction:g} of "
+          "each class, chosen by a fixed seed) are held out as the test set")
+    return folder.subset(train, keep), folder.subset(train, held)
+
+
+def _datasets(args, size=32):
     """(train, test) datasets; DatasetError (with what to do) when CIFAR cannot be had."""
+    if args.dataset in OWN_IMAGES:
+        return _own_images(args, size)
     if args.dataset == "synthetic":
         n = args.synthetic_size
         return (data.SyntheticImages(n, seed=0, train=True),
@@ -333,7 +386,7 @@ def _normalization(args, train_set):
 # the input pipeline and the data, compared as the model flags are
 RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize")
 RESUMED_DATA = ("synthetic_size", "synthetic_task", "text", "max_vocab", "mask_prob", "flip", "mixup", "cutmix",
-                "label_smoothing", "batch_size")
+                "label_smoothing", "batch_size", "test_fraction", "text_column", "label_column", "pair_column")
 PIPELINE_DEFAULTS = {"optimizer": "adamw", "schedule": "linear"}   # checkpoints older than these flags
 
 
@@ -568,7 +621,9 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     check_out(args, out, resume)
     _check_data_size(args)
 
-    train_set, test_set = _datasets(args)
+    train_set, test_set = _datasets(args, _model_image_size(args, preset, overrides, meta))
+    if meta is not None:
+        _check_classes(resume, meta, train_set.classes)
     train_loader, test_loader = _loaders(args, train_set, test_set)
 
     if meta is None and build_model is not None:   # e.g. finetune.py: a pretrained model with a new head
@@ -616,7 +671,7 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(), rng=train_loader.rng,
                         preset=meta["preset"] if meta else preset, model_config=model.config,
-                        model_class=cls.__name__,
+                        model_class=cls.__name__, classes=list(train_set.classes),
                         dataset=args.dataset, args=vars(args))
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="test")
@@ -631,6 +686,9 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
         print(f"{_count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     if weight_plot is not None:
         weight_plot(model, out / weight_file)
+    if args.dataset in OWN_DATA:
+        confusion(model, test_loader, train_set.classes, out / CONFUSION, args.limit_batches,
+                  title=f"{cls.__name__} on {args.dataset}: test set")
 
     if history.val_acc and history.val_acc[-1] is not None:
         test_loss, test_acc = history.val_loss[-1], history.val_acc[-1]
@@ -641,7 +699,7 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     limited = f" (first {args.limit_batches} batches)" if args.limit_batches else ""
     print(f"done: test accuracy {100 * test_acc:.2f}%{limited}, test loss {test_loss:.4f} | {speed} on "
           f"{args.device} | {_count(len(history), 'epoch')} | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}"
-          f"{', ' + weight_file if weight_plot is not None else ''})")
+          f"{', ' + weight_file if weight_plot is not None else ''}{', ' + CONFUSION if args.dataset in OWN_DATA else ''})")
     return 0
 
 
@@ -680,6 +738,34 @@ def _check_data_size(args, bytes_per_example=3 * 32 * 32):
     if available is not None and need > available:
         raise UsageError(f"--synthetic-size {args.synthetic_size}: generating it needs about {_gib(need)}, more "
                          f"than the {_gib(available)} of memory here: ask for fewer examples")
+
+
+def _check_classes(resume, meta, classes):
+    """A resumed run must see the classes it was trained on (checkpoints without them pass)."""
+    saved = meta.get("classes")
+    if saved is not None and list(saved) != list(classes):
+        raise UsageError(f"--resume {resume}: the run was trained on the classes {', '.join(map(str, saved))}; "
+                         f"the data given now has {', '.join(map(str, classes))}")
+
+
+def confusion(model, loader, classes, path, limit_batches=None, title=None):
+    """Write the test set's confusion matrix, rows and columns named by ``classes``."""
+    from tinymlp import no_grad
+
+    truth, guess = [], []
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            for b, (x, y) in enumerate(loader):
+                if limit_batches is not None and b >= limit_batches:
+                    break
+                guess.append(backend.to_device(model(x).data.argmax(axis=-1), "cpu"))
+                truth.append(backend.to_device(y.data, "cpu"))
+    finally:
+        model.train(was_training)
+    if truth:
+        plot.confusion_matrix(np.concatenate(truth), np.concatenate(guess), classes, path, title=title)
 
 
 def _count(n, noun) -> str:

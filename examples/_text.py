@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 from _common import (
-    CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, RUN, UsageError, _check_args, _check_data_size, _check_resumable,
-    _count, _explicit_flags, _loss, _parameters, _resume_path, _write_metrics, check_out, guard, make_model,
-    make_parser, model_args, resume_into,
+    CHECKPOINT, CONFUSION, CURVES, METRICS, MODEL_FLAGS, OWN_DATA, RUN, UsageError, _check_args, _check_classes,
+    _check_data_size, _check_resumable, _count, _explicit_flags, _loss, _parameters, _resume_path, _write_metrics,
+    check_out, confusion, guard, make_model, make_parser, model_args, resume_into,
 )
 
-from tinymlp import backend, checkpoint, optim, plot
+from tinymlp import backend, checkpoint, data, optim, plot
 from tinymlp.models.text import text_config
 from tinymlp.text import Tokenizer
 from tinymlp.train import History, evaluate, fit, format_epoch
@@ -40,7 +40,8 @@ def text_parser(description, datasets, default_dataset, **defaults):
     for action in p._actions:
         if action.dest == "dataset":
             action.choices, action.default = datasets, default_dataset
-            action.help = "'synthetic' is generated text (no download)"
+            action.help = "'synthetic' is generated text (no download)" + (
+                "; 'csv' is your own CSV/TSV file (--train-file)" if "csv" in datasets else "")
         elif action.dest == "data_dir":
             action.help = ("folder holding (or receiving) the text archives; default: $TINYMLP_DATA, else "
                            "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp")
@@ -50,6 +51,9 @@ def text_parser(description, datasets, default_dataset, **defaults):
             action.help = "training examples of --dataset synthetic (the test set has N/5)"
         elif action.dest == "batch_size":
             action.help = "sequences per training step"
+        elif action.dest == "test_fraction":
+            action.help = ("--dataset csv without --test-file: F of each class's rows, chosen by a fixed seed, "
+                           "are held out as the test set")
         elif action.dest in IMAGE_ONLY + ("optimizer", "schedule"):
             action.help = argparse.SUPPRESS       # image recipes: hidden here, refused if given
     for group in p._action_groups:
@@ -72,6 +76,49 @@ def text_parser(description, datasets, default_dataset, **defaults):
     g.add_argument("--position", choices=["none", "learned", "sinusoidal"], default="none",
                    help="a position embedding (gMLP needs none: W sees positions)")
     return p
+
+
+def add_file_flags(p, labelled=True):
+    """--train-file, --text-column, --pair-column (and --test-file, --label-column): --dataset csv."""
+    g = [g for g in p._action_groups if g.title == "device and data"][0]
+    g.add_argument("--train-file", default=None, metavar="FILE",
+                   help="--dataset csv: a CSV or TSV file (UTF-8, a header line naming the columns)")
+    if labelled:
+        g.add_argument("--test-file", default=None, metavar="FILE",
+                       help="--dataset csv: the test rows, in a file like --train-file (default: hold "
+                            "--test-fraction of the training rows out)")
+    g.add_argument("--text-column", default="text", metavar="NAME", help="--dataset csv: the column of the texts")
+    if labelled:
+        g.add_argument("--label-column", default="label", metavar="NAME",
+                       help="--dataset csv: the column of the labels (strings or integers; sorted, they "
+                            "number the classes 0..K-1 and name them)")
+    g.add_argument("--pair-column", default=None, metavar="NAME",
+                   help="--dataset csv: a second text column, for sentence pairs ([CLS] a [SEP] b [SEP])")
+
+
+FILE_FLAGS = ("train_file", "test_file")
+
+
+def csv_datasets(args, labelled=True):
+    """(train, test) TextDatasets of --dataset csv (test None when not ``labelled``)."""
+    for name in FILE_FLAGS:
+        if getattr(args, name, None) and args.dataset != "csv":
+            raise UsageError(f"--{name.replace('_', '-')} is read with --dataset csv (not --dataset {args.dataset})")
+    if not args.train_file:
+        raise UsageError("--dataset csv needs --train-file FILE (a CSV or TSV file with a header line; "
+                         "--text-column and --label-column name its columns)")
+    label = args.label_column if labelled else None
+    train = data.read_text_table(args.train_file, args.text_column, label, args.pair_column)
+    if not labelled:
+        return train, None
+    if args.test_file:
+        test = data.read_text_table(args.test_file, args.text_column, label, args.pair_column,
+                                    classes=train.classes)
+        return train, test
+    train, test = data.split_text_dataset(train, args.test_fraction, seed=0)
+    print(f"note: no --test-file: {len(test):,} of the {len(train) + len(test):,} rows of {args.train_file} "
+          f"({args.test_fraction:g} of each class, chosen by a fixed seed) are held out as the test set")
+    return train, test
 
 
 def model_overrides(args):
@@ -136,6 +183,9 @@ def _train(args, prepare, explicit, lm=False):
     check_out(args, out, resume)
     _check_data_size(args, bytes_per_example=8 * getattr(args, "seq_len", 128))
     job = prepare(args, out, meta, preset, overrides)
+    classes = job.get("classes")
+    if meta is not None and classes is not None:
+        _check_classes(resume, meta, classes)
     train_loader, test_loader, tok = job["train"], job["test"], job["tokenizer"]
     if len(train_loader) == 0:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the training set")
@@ -172,7 +222,8 @@ def _train(args, prepare, explicit, lm=False):
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
                         rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
-                        args=vars(args), tokenizer=tok.to_dict())
+                        classes=None if classes is None else list(classes), args=vars(args),
+                        tokenizer=tok.to_dict())
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}")
         if not bars:
@@ -189,9 +240,13 @@ def _train(args, prepare, explicit, lm=False):
     else:
         test_loss, test_acc = evaluate(model, test_loader, args.limit_batches, loss_fn)
     _write_metrics(out, args, model, history)
+    plotted = args.dataset in OWN_DATA and classes is not None
+    if plotted:
+        confusion(model, test_loader, classes, out / CONFUSION, args.limit_batches,
+                  title=f"{name} on {Path(args.train_file).name}: test set")
     speed = f" | {history.images_per_sec[-1]:,.0f} samples/s training" if history.images_per_sec else ""
     print(job["done"](test_loss, test_acc) + f"{speed} | {_count(len(history), 'epoch')} | outputs in {out}/ "
-          f"({CHECKPOINT}, {METRICS}, {CURVES}, {TOKENIZER})")
+          f"({CHECKPOINT}, {METRICS}, {CURVES}, {TOKENIZER}{', ' + CONFUSION if plotted else ''})")
     return 0
 
 

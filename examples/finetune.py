@@ -85,7 +85,7 @@ class Pretrained:
         try:
             source = interop.weights_source(path)
             if args.resume is None or not _resumable(args):
-                self.model = interop.load_pretrained(path, heads=args.heads, num_classes=NUM_CLASSES[args.dataset])
+                self.model = interop.load_pretrained(path, heads=args.heads, num_classes=NUM_CLASSES.get(args.dataset))
         except (interop.InteropError, ImportError) as err:
             raise UsageError(f"--pretrained {path}: {str(err).removeprefix(f'{path}: ')}") from None
         if self.model is not None:

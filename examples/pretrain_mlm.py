@@ -1,6 +1,7 @@
 """Pretrain a gMLP (or aMLP) as a masked language model on any text file; perplexity reported.
 
     python examples/pretrain_mlm.py --text corpus.txt --epochs 10       # one sentence/paragraph a line
+    python examples/pretrain_mlm.py --dataset csv --train-file reviews.csv --text-column text   # a table's texts
     python examples/pretrain_mlm.py --dataset polarity                  # the polarity sentences, unlabelled
     python examples/pretrain_mlm.py --dataset synthetic --epochs 3      # generated sentences, offline
     python examples/train_text_gmlp.py --dataset polarity --pretrained runs/<this run>/checkpoint.npz
@@ -8,7 +9,10 @@
 As BERT and the course work's gMLP (section 3.3): 15% of the real tokens of every sequence are
 hidden behind [MASK] (``--mask-prob``) and the model predicts them through the output head tied
 to the input embedding; the loss is the mean cross-entropy over the hidden tokens, and the
-perplexity exp(loss) is reported on 5% of the lines held out (the same masks every epoch).
+perplexity exp(loss) is reported on 5% of the lines held out (``--test-fraction``, chosen by a
+fixed seed; the same masks every epoch). ``--text FILE`` is UTF-8 text, one text a line (empty
+lines skipped); ``--dataset csv`` reads the texts of a CSV/TSV file's ``--text-column`` (and
+``--pair-column``), its labels unused, so that a classifier can later be fine-tuned on the same file.
 The lines are tokenized with a WordPiece tokenizer trained on them (tokenizer.json in --out);
 lines longer than --seq-len tokens are cut. Outputs and resume as the CIFAR examples:
 checkpoint.npz, metrics.json, curves.png (accuracy there: of the hidden tokens), --resume auto.
@@ -19,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _text import UsageError, run, text_parser, tokenizer_for
+from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
 
 from tinymlp import data
 from tinymlp.data.text import FILLER
@@ -45,8 +49,12 @@ def generated_corpus(n, seed):
 
 
 def build_parser():
-    p = text_parser(__doc__.splitlines()[0], ["text", "polarity", "sst2", "synthetic"], "text",
-                    synthetic_size=4000, lr=1e-3, warmup=None)
+    p = text_parser(__doc__.splitlines()[0], ["text", "polarity", "sst2", "synthetic", "csv"], "text",
+                    synthetic_size=4000, lr=1e-3, warmup=None, test_fraction=0.05)
+    add_file_flags(p, labelled=False)
+    for action in p._actions:
+        if action.dest == "test_fraction":
+            action.help = "this share of the lines (or rows), chosen by a fixed seed, is held out for the perplexity"
     g = [g for g in p._action_groups if g.title.startswith("model")][0]
     g.add_argument("--text", default=None, metavar="FILE", help="--dataset text: the UTF-8 text file to learn from")
     g.add_argument("--mask-prob", type=float, default=0.15, help="share of the real tokens hidden behind [MASK]")
@@ -54,14 +62,17 @@ def build_parser():
 
 
 def read_lines(args):
+    if args.text and args.dataset != "text":
+        raise UsageError(f"--text is read with --dataset text (the default), not --dataset {args.dataset}")
+    if args.dataset == "csv" or args.train_file:
+        return csv_datasets(args, labelled=False)[0].corpus()
     if args.dataset == "text":
         if not args.text:
-            raise UsageError("--dataset text needs --text FILE (or use --dataset synthetic, polarity, sst2)")
+            raise UsageError("--dataset text needs --text FILE (or use --dataset csv, synthetic, polarity, sst2)")
         path = Path(args.text)
         if not path.is_file():
             raise UsageError(f"--text {path}: no such file")
-        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
-        return [line for line in lines if line]
+        return data.read_lines(path)
     if args.dataset == "synthetic":
         return generated_corpus(args.synthetic_size, args.seed)
     kwargs = dict(root=args.data_dir, download=not args.no_download, progress=not args.no_progress)
@@ -74,8 +85,8 @@ def prepare(args, out, meta, preset, overrides):
     lines = read_lines(args)
     if len(lines) < 2:
         raise UsageError(f"--{args.dataset}: {len(lines)} non-empty line(s); masked-LM training needs at least 2")
-    order = np.random.default_rng(0).permutation(len(lines))         # a fixed held-out 5%
-    n_val = max(1, len(lines) // 20)
+    order = np.random.default_rng(0).permutation(len(lines))         # a fixed held-out share (5%)
+    n_val = min(max(1, int(len(lines) * args.test_fraction)), len(lines) - 1)
     val_lines, train_lines = [lines[i] for i in order[:n_val]], [lines[i] for i in order[n_val:]]
     tok = tokenizer_for(out, lambda: train_lines, args.max_vocab, resumed=meta is not None, meta=meta)
     seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]

@@ -4,6 +4,7 @@
     python examples/train_text_gmlp.py --dataset sst2 --attn-dim 64     # aMLP on SST-2 (GLUE)
     python examples/train_text_gmlp.py --dataset synthetic --synthetic-task lookup --position learned --attn-dim 16
     python examples/train_text_gmlp.py --dataset polarity --pretrained runs/mlm/checkpoint.npz
+    python examples/train_text_gmlp.py --dataset csv --train-file reviews.csv --text-column text --label-column label
 
 The model is the "gmlp_text_split" preset (C = 128, 6 blocks, d_ffn = 768, S = 128 tokens, mean
 pooling over the real tokens; models/text.py); a WordPiece tokenizer is trained on the training
@@ -12,6 +13,10 @@ sentences (--vocab-size pieces), stored in the checkpoint and saved as tokenizer
 its tokenizer and its weights; the classification head is new. Outputs and resume as the CIFAR
 examples (examples/_common.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
 The polarity data has no official test split: 10% of each class, chosen by a fixed seed, is held out.
+Your own data: ``--dataset csv --train-file F [--test-file F]`` (CSV or TSV with a header line;
+``--text-column``, ``--label-column``, ``--pair-column`` for sentence pairs); without a test file,
+``--test-fraction`` of each class is held out by a fixed seed. The class names (the labels, sorted)
+are kept in the checkpoint and label the test set's confusion matrix, confusion.png.
 """
 
 import dataclasses
@@ -19,7 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _text import UsageError, run, text_parser, tokenizer_for
+from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
 
 from tinymlp import checkpoint, data
 from tinymlp.checkpoint import CheckpointError
@@ -27,8 +32,9 @@ from tinymlp.nn import StateDictError
 
 
 def build_parser():
-    p = text_parser(__doc__.splitlines()[0], ["polarity", "sst2", "synthetic"], "polarity",
+    p = text_parser(__doc__.splitlines()[0], ["polarity", "sst2", "synthetic", "csv"], "polarity",
                     synthetic_size=2000, lr=1e-3)
+    add_file_flags(p)
     g = [g for g in p._action_groups if g.title.startswith("model")][0]
     g.add_argument("--pooling", choices=["mean", "cls"], default="mean",
                    help="sentence vector: the mean over the real tokens, or the [CLS] token")
@@ -41,6 +47,8 @@ def build_parser():
 
 
 def datasets(args):
+    if args.dataset == "csv" or args.train_file or args.test_file:
+        return csv_datasets(args)
     if args.dataset == "synthetic":
         make = {"order": data.OrderTask, "pairs": data.PairMatchTask, "lookup": data.PairLookupTask}[args.synthetic_task]
         n = args.synthetic_size
@@ -98,6 +106,7 @@ def prepare(args, out, meta, preset, overrides):
     if cut:
         print(f"note: {cut:,} {kind} are longer than --seq-len {seq_len} tokens and were cut to fit")
     return dict(train=train, test=test, tokenizer=tok, preset=preset, overrides=overrides, init=init,
+                classes=train_set.classes,
                 describe=f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test {kind}",
                 done=lambda loss, acc: f"done: test accuracy {100 * acc:.2f}%, test loss {loss:.4f}")
 

@@ -28,3 +28,33 @@ def test_cpu_step_profile_names_the_ops_and_the_floor():
     for expected in ("where the fast step's time goes", "Linear fwd", "SpatialGating bwd", "Attention fwd",
                      "backward: engine", "optimizer step", "matrix products alone", "whole step"):
         assert expected in out.stdout, (expected, out.stdout)
+
+
+def test_guard_cost_switches_the_guard_off_and_back_on():
+    """benchmarks/guard_cost.py compares a step with the in-place guard and without it: its
+    'guard off' must really let a change of a saved input through, and restore the guard after."""
+    import numpy as np
+
+    import tinymlp
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import guard_cost
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def changed_after_save():
+        x = tinymlp.tensor(np.linspace(0.5, 2.0, 6), requires_grad=True)
+        y = (x * x).sum()
+        with tinymlp.no_grad():
+            x += 1.0
+        y.backward()
+
+    with guard_cost.guard_off():
+        changed_after_save()                      # unguarded: no error, a wrong gradient
+    with pytest.raises(RuntimeError, match="modified in place"):
+        changed_after_save()
+    out = subprocess.run([sys.executable, str(SCRIPT.parent / "guard_cost.py"), "--models", "mixer_mnist",
+                          "--steps", "1", "--warmup", "0"], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "guard on" in out.stdout and "mixer_mnist" in out.stdout

@@ -303,6 +303,26 @@ def test_doctor_ends_with_a_verdict_and_exits_0_when_the_cpu_works(monkeypatch, 
     assert "tinymlp[" not in out and 'pip install -e ".[cuda12]"' in out
 
 
+def test_doctor_says_which_cpu_kernels_a_step_runs(monkeypatch, capsys):
+    import tinymlp.fast
+    from tinymlp.__main__ import doctor
+    from tinymlp.fast import compiled
+
+    monkeypatch.setattr(backend, "_cupy", None)
+    monkeypatch.setattr(backend, "_cupy_error", "ModuleNotFoundError: No module named 'cupy'")
+
+    def kernels_line():
+        assert doctor() == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("kernels"))
+
+    assert kernels_line() == f"kernels fast tier on; compiled kernels: {compiled.describe()}"
+    monkeypatch.setitem(compiled._state, "numba", None)          # as without the [fast] extra
+    line = kernels_line()
+    assert "numba not installed: NumPy fast path" in line and '".[fast]"' in line
+    with tinymlp.fast.disabled():
+        assert "reference tier" in kernels_line()
+
+
 def test_the_distribution_has_a_name_of_its_own_on_pypi():
     import configparser
     from pathlib import Path

@@ -44,6 +44,16 @@ def _tiny_op(device: str) -> str:
     return "ok" if ok else f"WRONG RESULT ({y.item()} vs {expected})"
 
 
+def _cpu_kernels() -> str:
+    """Which fast-tier kernels a CPU step runs here: numba's compiled ones or the NumPy path."""
+    import tinymlp.fast
+    from tinymlp.fast import compiled
+
+    if not tinymlp.fast.is_enabled():
+        return "fast tier off (TINYMLP_FAST=0 or tinymlp.fast.disabled()): reference tier only"
+    return f"fast tier on; compiled kernels: {compiled.describe()}"
+
+
 def doctor() -> int:
     """Print what tinymlp can run on here, ending with a one-line verdict; 0 when the CPU path works."""
     print(f"tinymlp {__version__}")
@@ -54,6 +64,7 @@ def doctor() -> int:
     except Exception as exc:
         cpu = f"FAILED ({type(exc).__name__}: {exc})"
     print(f"cpu     tiny op: {cpu}")
+    print(f"kernels {_cpu_kernels()}")
     cpu_verdict = "CPU ready" if cpu == "ok" else f"CPU NOT WORKING (tiny op: {cpu})"
     status = 0 if cpu == "ok" else 1
 

@@ -410,21 +410,30 @@ def _checksum(arr) -> int:
 def _guard(ctx, args, arrays):
     """For each input Tensor whose memory forward saved: a ``_Saved`` record, also listed on
     the tensor's storage (so that ``.data`` can checksum it before a raw write)."""
-    saved = [s for s in ctx.saved_tensors if hasattr(s, "dtype")]
+    saved = ctx.saved_tensors
     if not saved:
         return ()
-    owners = {id(_owner(s)) for s in saved}
     records = []
-    for i, (a, arr) in enumerate(zip(args, arrays)):
-        if (isinstance(a, Tensor) and id(_owner(arr)) in owners and arr.size
-                and any(_shares(s, arr) for s in saved)):
-            storage = storage_of(a)
-            record = _Saved(i, arr, storage, a.name, ctx)
-            if len(storage.saves) > 8:                     # graphs dropped without backward
-                storage.saves = [s for s in storage.saves if s.pending()]
-            storage.saves.append(record)
-            records.append(record)
-    return tuple(records)
+    for i, a in enumerate(args):
+        if not isinstance(a, Tensor):
+            continue
+        arr = arrays[i]
+        for s in saved:                  # the usual case: forward saved the input itself
+            if s is arr:
+                break
+        else:                            # or a view of its memory (a reshape, a transpose)
+            if not arr.size:
+                continue
+            owner = _owner(arr)
+            if not any(hasattr(s, "dtype") and _owner(s) is owner and _shares(s, arr) for s in saved):
+                continue
+        storage = a._storage if a._storage is not None else storage_of(a)
+        if len(storage.saves) > 8:                     # graphs dropped without backward
+            storage.saves = [s for s in storage.saves if s.pending()]
+        record = _Saved(i, arr, storage, a.name, ctx)
+        storage.saves.append(record)
+        records.append(record)
+    return records
 
 
 def _share_views(result, args, arrays):

@@ -1,6 +1,7 @@
 """Plots with matplotlib, headless: training curves and images of learned token-mixing weights.
 
     training_curves(history, "run/curves.png")           loss and accuracy per epoch
+    confusion_matrix(labels, predicted, classes, "run/confusion.png")   test results by class name
     token_mixing_weights(mixer, "run/token_mixing.png")  Mixer: each token-MLP unit on the patch grid
     spatial_weights(gmlp, "run/spatial_weights.png")     gMLP: each block's S x S spatial matrix
     graph(loss, "run/graph.png")                         the autograd graph behind a tensor
@@ -33,7 +34,7 @@ import numpy as np
 from .backend import to_device
 from .tensor import Tensor
 
-__all__ = ["graph", "spatial_weights", "to_dot", "token_mixing_weights", "training_curves"]
+__all__ = ["confusion_matrix", "graph", "spatial_weights", "to_dot", "token_mixing_weights", "training_curves"]
 
 _CMAP = "RdBu_r"     # diverging: negative blue, zero white, positive red
 
@@ -99,6 +100,44 @@ def training_curves(history, path=None, title=None, val_name="validation"):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------- confusion matrix
+def confusion_matrix(labels, predicted, classes, path=None, title=None, max_classes=40):
+    """Counts of (true class, predicted class), rows and columns named by ``classes``; a Figure.
+
+    Each row is normalised by its class's count for the colour, and each cell shows the count;
+    the row names give the class's accuracy (the diagonal over the row). With more than
+    ``max_classes`` classes the names are left out and only the matrix is drawn.
+    """
+    labels, predicted = np.asarray(labels, dtype=np.int64), np.asarray(predicted, dtype=np.int64)
+    k = len(classes)
+    counts = np.zeros((k, k), dtype=np.int64)
+    np.add.at(counts, (labels, predicted), 1)
+    rows = counts.sum(axis=1, keepdims=True)
+    share = counts / np.maximum(rows, 1)
+    side = min(2.5 + 0.45 * k, 16)
+    fig = _figure(side + 1.5, side)
+    ax = fig.subplots()
+    image = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, shrink=0.8).set_label("share of the true class", fontsize=8)
+    if k <= max_classes:
+        names = [str(c) for c in classes]
+        accuracy = [f"{name} ({100 * counts[i, i] / rows[i, 0]:.0f}%)" if rows[i, 0] else f"{name} (none)"
+                    for i, name in enumerate(names)]
+        ax.set_xticks(range(k), names, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(k), accuracy, fontsize=8)
+        if k <= 20:
+            for i in range(k):
+                for j in range(k):
+                    ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=7,
+                            color="white" if share[i, j] > 0.5 else "black")
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class (accuracy)")
+    total = counts.sum()
+    ax.set_title((f"{title}\n" if title else "") + f"accuracy {100 * np.trace(counts) / max(total, 1):.1f}% "
+                 f"of {total:,}", fontsize=9)
     return _save(fig, path)
 
 

@@ -431,8 +431,9 @@ for step in range(1500):
     for p in params:
         p.zero_grad()
     loss.backward()
-    for p in params:
-        p.data -= lr * p.grad       # plain gradient descent, in place on the raw arrays
+    with no_grad():                 # an update is not part of the model: nothing to record
+        for p in params:
+            p -= lr * p.grad        # plain gradient descent, in place, as an optimizer's step does
     losses.append(loss.item())
 
 with no_grad():

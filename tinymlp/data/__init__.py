@@ -10,18 +10,24 @@
 
 Without the network and without a copy of CIFAR, ``SyntheticImages`` is a drop-in
 replacement with the same shapes and interface. ``get_dataset(name, ...)`` picks one by name.
+
+Your own data: ``ImageFolder`` (root/train/<class>/*.png|jpg, needs Pillow) and ``load_npz``
+(x_train, y_train, x_test, y_test) give ImageDatasets; ``read_text_table`` (a CSV/TSV file with
+a text and a label column) gives a TextDataset (``tinymlp.data.folder``, ``tinymlp.data.textfile``).
 """
 
 from .cifar import (
     ARCHIVES, CIFAR10, CIFAR10_MEAN, CIFAR10_STD, CIFAR100, CIFAR100_MEAN, CIFAR100_STD,
     Archive, DatasetError, data_root,
 )
+from .folder import IMAGE_SUFFIXES, ImageFolder, held_out_split, load_npz
 from .loader import DataLoader, ImageDataset, channel_stats
 from .synthetic import SyntheticImages
 from .text import (
     TEXT_ARCHIVES, MaskedLMLoader, OrderTask, PairLookupTask, PairMatchTask, SentencePolarity, SST2, TextArchive,
     TextDataset, TokenDataset, TokenLoader, get_text_dataset,
 )
+from .textfile import read_lines, read_text_table, split_text_dataset
 from .transforms import (
     Compose, CutMix, HorizontalFlip, Mixup, Normalize, RandomCrop, Resize,
     cutmix, horizontal_flip, mixup, normalize, one_hot, random_crop, resize,
@@ -52,4 +58,6 @@ __all__ = [
     "normalize", "one_hot", "random_crop", "resize",
     "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES",
     "TextArchive", "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
+    "IMAGE_SUFFIXES", "ImageFolder", "held_out_split", "load_npz", "read_lines", "read_text_table",
+    "split_text_dataset",
 ]

@@ -1,0 +1,249 @@
+"""Your own images: a folder of PNG/JPEG files by class, or arrays in an ``.npz`` file.
+
+    train = ImageFolder("flowers", split="train", size=32)     # flowers/train/<class>/*.png|jpg
+    test = ImageFolder("flowers", split="test", size=32, classes=train.classes)
+    train, test = load_npz("digits.npz", size=32)               # x_train, y_train, x_test, y_test
+
+Both give ``ImageDataset``s (uint8 (N, 3, size, size), int64 labels, ``classes``), ready for
+``DataLoader`` and ``fit``, the same record as CIFAR's.
+
+**Folder layout** (torchvision's ImageFolder): ``root/train/<class>/<image>`` and
+``root/test/<class>/<image>``; the class names are the sub-folder names, sorted, and number the
+classes 0..K-1. Files whose suffix is not an image's (``IMAGE_SUFFIXES``) and hidden files are
+skipped; every class folder must hold at least one image, and ``test/`` must have the classes of
+``train/`` (``classes=``). Decoding needs Pillow (``pip install -e ".[images]"`` in the checkout);
+each image becomes RGB (grey and palette images too; an alpha channel is dropped) and is resized
+to ``size`` x ``size`` with ``tinymlp.data.resize`` (bilinear; the aspect ratio is not kept).
+
+**npz layout**: arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` and optionally ``classes``
+(strings); images (N, H, W) grey, (N, H, W, C) as Keras and PIL store them, or (N, C, H, W), with
+C = 1 or 3, integer pixels in 0..255 or floats in [0, 1]; labels integers 0..K-1. Read without
+pickle. Without ``classes`` the names are "0", "1", ...
+
+Every problem is one ``DatasetError`` that names the file (or folder) and what was expected.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .cifar import DatasetError
+from .loader import ImageDataset
+from .transforms import resize
+
+__all__ = ["IMAGE_SUFFIXES", "ImageFolder", "held_out_split", "load_npz", "resize_images"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+PILLOW_MISSING = ('reading PNG/JPEG images needs Pillow, which is not installed: pip install -e ".[images]" '
+                  "in your tinymlp checkout (or pip install pillow), or give the images as arrays with "
+                  "--dataset npz")
+
+
+def _pillow():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise DatasetError(PILLOW_MISSING) from None
+    return Image
+
+
+def resize_images(images, size):
+    """uint8 images (N, C, H, W) resized to ``size`` x ``size`` with ``resize`` (bilinear), as uint8."""
+    images = np.asarray(images)
+    if images.shape[-2:] == (size, size):
+        return np.ascontiguousarray(images, dtype=np.uint8)
+    out = np.empty(images.shape[:-2] + (size, size), dtype=np.uint8)
+    for start in range(0, len(images), 1024):                 # float32 copies of 1,024 images at most
+        chunk = resize(images[start:start + 1024].astype(np.float32), size)
+        out[start:start + 1024] = np.clip(np.rint(chunk), 0, 255)
+    return out
+
+
+# --------------------------------------------------------------------------- a folder of images
+def _visible(path: Path) -> bool:
+    return not path.name.startswith(".")
+
+
+def class_folders(folder: Path) -> list:
+    """The class names: the visible sub-folders of ``folder``, sorted."""
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and _visible(p))
+
+
+def _image_files(folder: Path) -> list:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and _visible(p)
+                  and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _decode(path: Path, size: int, Image) -> np.ndarray:
+    """One image file as uint8 (3, size, size); DatasetError naming the file when it cannot be read."""
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")                       # grey, palette, RGBA, CMYK -> RGB
+            pixels = np.asarray(im, dtype=np.uint8)
+    except Exception as err:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError, ValueError...
+        raise DatasetError(f"{path}: cannot be read as an image ({type(err).__name__}: {err})") from None
+    return resize_images(pixels.transpose(2, 0, 1)[None], size)[0]
+
+
+class ImageFolder(ImageDataset):
+    """The images of ``root/split/<class>/``, resized to ``size`` x ``size``, as an ImageDataset.
+
+    ``classes``: the expected class names (give the training split's to the test split: a test
+    folder whose classes differ is refused). The per-channel ``mean``/``std`` are measured on
+    the images read.
+    """
+
+    def __init__(self, root, split="train", size=32, classes=None):
+        root = Path(root)
+        folder = root / split
+        if not root.is_dir():
+            raise DatasetError(f"{root}: no such folder (expected {root}/{split}/<class>/<images>)")
+        if not folder.is_dir():
+            raise DatasetError(f"{root} has no {split}/ folder: expected {folder}/<class>/<images>, one "
+                               "sub-folder per class (as torchvision's ImageFolder)")
+        names = class_folders(folder)
+        if not names:
+            raise DatasetError(f"{folder} has no class folders: expected {folder}/<class>/<images>")
+        if classes is not None and list(names) != list(classes):
+            missing = [c for c in classes if c not in names]
+            extra = [c for c in names if c not in classes]
+            detail = "; ".join(part for part in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"not in the training classes: {', '.join(extra)}" if extra else "") if part)
+            raise DatasetError(f"{folder}: its class folders differ from the training split's ({detail}); "
+                               "train/ and test/ need the same class folders")
+        files, labels = [], []
+        for label, name in enumerate(names):
+            found = _image_files(folder / name)
+            if not found:
+                raise DatasetError(f"{folder / name}: an empty class, no image files in it "
+                                   f"(expected {', '.join(IMAGE_SUFFIXES[:3])}, ...)")
+            files += found
+            labels += [label] * len(found)
+        Image = _pillow()
+        images = np.empty((len(files), 3, size, size), dtype=np.uint8)
+        for i, path in enumerate(files):
+            images[i] = _decode(path, size, Image)
+        super().__init__(images, labels, names)
+        self.root, self.split, self.files = root, split, files
+
+    def __repr__(self):
+        return f"ImageFolder({self.root / self.split}: {len(self)} images, {self.num_classes} classes)"
+
+
+def held_out_split(labels, fraction=0.1, seed=0):
+    """(train indices, test indices): ``fraction`` of each class, chosen by ``seed``, held out.
+
+    Stratified as the polarity set's split: a class of n examples gives round(fraction n) of
+    them to the test part (none when n = 1, so that every class is trained on).
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"held_out_split: fraction must be in (0, 1), got {fraction}")
+    labels = np.asarray(labels)
+    train, test = [], []
+    for k in np.unique(labels):
+        where = np.flatnonzero(labels == k)
+        order = np.random.default_rng([seed, int(k)]).permutation(len(where))
+        n_test = min(int(round(fraction * len(where))), len(where) - 1)
+        test.append(where[order[:n_test]])
+        train.append(where[order[n_test:]])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def subset(dataset: ImageDataset, index) -> ImageDataset:
+    """The rows ``index`` of an ImageDataset, with its class names (statistics measured again)."""
+    return ImageDataset(dataset.images[index], dataset.labels[index], dataset.classes)
+
+
+# --------------------------------------------------------------------------- arrays in an npz file
+def _images_from(array, key, path):
+    """(N, 3, H, W) uint8 from an npz array in one of the accepted layouts and dtypes."""
+    x = np.asarray(array)
+    if x.ndim == 3:
+        x = x[:, None]                                                     # grey (N, H, W)
+    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        x = x.transpose(0, 3, 1, 2)                                        # NHWC -> NCHW
+    elif not (x.ndim == 4 and x.shape[1] in (1, 3)):
+        raise DatasetError(f"{path}: {key} has shape {x.shape}; expected images (N, H, W), (N, H, W, C) or "
+                           "(N, C, H, W) with C = 1 or 3")
+    if len(x) == 0:
+        raise DatasetError(f"{path}: {key} holds no images")
+    if x.dtype == np.uint8:
+        pass
+    elif np.issubdtype(x.dtype, np.integer):
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi > 255:
+            raise DatasetError(f"{path}: {key} is {x.dtype} with values in [{lo}, {hi}]; expected pixels 0..255")
+        x = x.astype(np.uint8)
+    elif np.issubdtype(x.dtype, np.floating):
+        lo, hi = float(x.min()), float(x.max())
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo >= 0 and hi <= 1):
+            raise DatasetError(f"{path}: {key} is {x.dtype} with values in [{lo:g}, {hi:g}]; expected floats in "
+                               "[0, 1] (or uint8 pixels 0..255)")
+        x = np.rint(x * 255).astype(np.uint8)
+    else:
+        raise DatasetError(f"{path}: {key} has dtype {x.dtype}; expected uint8 pixels (or floats in [0, 1])")
+    if x.shape[1] == 1:
+        x = np.repeat(x, 3, axis=1)                                        # grey -> RGB
+    return x
+
+
+def _labels_from(array, key, path, n):
+    y = np.asarray(array)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.shape != (n,):
+        raise DatasetError(f"{path}: {key} has shape {y.shape}; expected ({n},), one label per image")
+    if not np.issubdtype(y.dtype, np.integer):
+        if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+            y = y.astype(np.int64)
+        else:
+            raise DatasetError(f"{path}: {key} has dtype {y.dtype}; expected integer class ids 0..K-1")
+    if y.min() < 0:
+        raise DatasetError(f"{path}: {key} holds the label {int(y.min())}; expected class ids 0..K-1")
+    return y.astype(np.int64)
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def load_npz(path, size=32):
+    """(train, test) ImageDatasets from ``x_train, y_train, x_test, y_test`` (and ``classes``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file (expected an .npz with arrays {', '.join(NPZ_KEYS)})")
+    if not zipfile.is_zipfile(path):
+        raise DatasetError(f"{path}: not an .npz file (a zip of arrays, as numpy.savez writes; expected arrays "
+                           f"{', '.join(NPZ_KEYS)})")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in NPZ_KEYS if k not in npz.files]
+            if missing:
+                raise DatasetError(f"{path}: no array {', '.join(missing)} (it holds {', '.join(npz.files) or 'none'}); "
+                                   f"expected {', '.join(NPZ_KEYS)}")
+            arrays = {k: npz[k] for k in NPZ_KEYS + (("classes",) if "classes" in npz.files else ())}
+    except DatasetError:
+        raise
+    except ValueError as err:   # object arrays need pickle, which is refused
+        raise DatasetError(f"{path}: an array needs pickle to be read, which is refused ({err}); save plain "
+                           "numeric arrays (and class names as a string array)") from None
+    except Exception as err:    # not a zip, truncated, ...
+        raise DatasetError(f"{path}: not a readable .npz file ({type(err).__name__}: {err})") from None
+    x_train = _images_from(arrays["x_train"], "x_train", path)
+    x_test = _images_from(arrays["x_test"], "x_test", path)
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise DatasetError(f"{path}: x_train images are {x_train.shape[1:]} but x_test images {x_test.shape[1:]}")
+    y_train = _labels_from(arrays["y_train"], "y_train", path, len(x_train))
+    y_test = _labels_from(arrays["y_test"], "y_test", path, len(x_test))
+    if "classes" in arrays:
+        classes = [str(c) for c in np.asarray(arrays["classes"]).ravel()]
+        top = int(max(y_train.max(), y_test.max()))
+        if top >= len(classes):
+            raise DatasetError(f"{path}: the label {top} has no name: classes holds {len(classes)} names")
+    else:
+        classes = [str(k) for k in range(int(max(y_train.max(), y_test.max())) + 1)]
+    return (ImageDataset(resize_images(x_train, size), y_train, classes),
+            ImageDataset(resize_images(x_test, size), y_test, classes))
