@@ -191,3 +191,14 @@ def test_progress_is_on_in_a_notebook(monkeypatch):
     assert train._progress_enabled(None) and not train._progress_enabled(False)
     fake.get_ipython = lambda: None     # plain Python with IPython imported: no notebook
     assert not train._progress_enabled(None)
+
+
+@pytest.mark.parametrize("name", ["create", "config", "__builtins__", "os", 3])
+def test_a_model_class_named_by_a_checkpoint_is_only_a_tinymlp_model(monkeypatch, name):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import _common
+
+    with pytest.raises(_common.UsageError, match="not one of tinymlp.models"):
+        _common._architecture({"preset": "finetune_x", "model_class": name, "model_config": {}})
+    assert _common._architecture({"preset": "finetune_x", "model_class": "ViT", "model_config": {}})[0] \
+        is tinymlp.models.ViT
