@@ -1,7 +1,8 @@
 """The training loop: ``fit`` and ``evaluate``, with tqdm progress bars and a ``History``.
 
 Progress bars are on when stderr is a terminal or the code runs in a Jupyter notebook
-(``tqdm.auto``), off in logs and pipes; ``progress=True/False`` decides for itself.
+(widgets there, as ``tqdm.auto`` draws them), off in logs and pipes; ``progress=True/False``
+decides for itself.
 
     history = fit(model, optimizer, train_loader, val_loader, epochs=10,
                   scheduler=sched, clip=1.0, callbacks=[save_checkpoint])
@@ -32,7 +33,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
-from tqdm.auto import tqdm   # widgets in a notebook, text in a terminal
+from tqdm import tqdm
 
 from . import functional as F
 from .autograd import no_grad
@@ -182,7 +183,20 @@ def _in_notebook() -> bool:
 
 
 def _bar(show, **kwargs):
-    return tqdm(disable=not show, dynamic_ncols=True, **kwargs)
+    return _tqdm_class()(disable=not show, dynamic_ncols=True, **kwargs)
+
+
+def _tqdm_class():
+    """tqdm.auto's choice: widgets in a Jupyter notebook that has ipywidgets, text elsewhere
+    (and in a notebook without ipywidgets, where tqdm.auto would warn and fall back to text)."""
+    if _in_notebook():
+        try:
+            from tqdm.notebook import IProgress, tqdm as notebook_tqdm
+        except ImportError:
+            return tqdm
+        if IProgress is not None:
+            return notebook_tqdm
+    return tqdm
 
 
 def _num_batches(loader, limit_batches):
@@ -253,7 +267,7 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
     - ``callbacks``: callables ``cb(epoch, history)`` run after each epoch, ``epoch`` being the
       number of epochs done (1, 2, ...): checkpointing, logging, plots.
     - ``progress``: True, False, or None for "when stderr is a terminal or in a Jupyter
-      notebook". Two tqdm bars (``tqdm.auto``: widgets in a notebook): the epochs, and the
+      notebook". Two tqdm bars (widgets in a notebook, as ``tqdm.auto``): the epochs, and the
       batches of the current epoch with the running loss, accuracy and lr.
       Without bars nothing is printed (log with a callback, e.g. ``format_epoch``).
     - ``limit_batches``: at most this many batches per epoch, for training and validation
