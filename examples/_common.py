@@ -30,7 +30,9 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +132,9 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g.add_argument("--resume", default=None, metavar="PATH|auto",
                    help=f"continue from a checkpoint (outputs go to its folder unless --out is given); "
                         f"'auto': from --out's {CHECKPOINT} if there is one")
+    g.add_argument("--overwrite", action="store_true",
+                   help=f"start a new run in an --out that holds a checkpoint, replacing it (without this, "
+                        f"such an --out is refused: continue it with --resume auto)")
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bars (one line per epoch instead; also the case when stderr "
                         "is not a terminal)")
@@ -147,15 +152,70 @@ def model_args(p: argparse.ArgumentParser):
 def main(parser: argparse.ArgumentParser, model_spec, argv=None, build_model=None) -> int:
     """Parse the flags, train, write the outputs; the exit status (0 ok, 2 usage/data error)."""
     args = parser.parse_args(argv)
+    return guard(lambda: _run(args, model_spec, explicit=_explicit_flags(parser, argv), build_model=build_model),
+                 argv)
+
+
+# where the current run writes, for the message of an interrupted run: out, resume, saved
+RUN = {}
+
+
+def guard(run, argv=None) -> int:
+    """``run()``'s exit status; a usage or data error printed as one line (status 2), Ctrl-C
+    answered with the command that continues the run (status 130)."""
+    RUN.clear()
     try:
-        return _run(args, model_spec, explicit=_explicit_flags(parser, argv), build_model=build_model)
+        return run()
     except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted; continue later with --resume auto (the last finished epoch is saved)",
-              file=sys.stderr)
+        print("\n" + interrupted_message(argv), file=sys.stderr)
         return 130
+
+
+def interrupted_message(argv=None) -> str:
+    """What an interrupted run says: the command that continues it, or why there is none."""
+    out = RUN.get("out")
+    if out is None:
+        return "interrupted before training started: nothing was written"
+    saved = _saved_epoch(Path(out) / CHECKPOINT, RUN["started"])
+    if not saved:
+        if RUN.get("resume") is not None:
+            return (f"interrupted before this run finished an epoch: {RUN['resume']} is as it was; "
+                    f"continue with the same command")
+        return "interrupted before the first epoch finished: nothing was saved; run the same command to start again"
+    return (f"interrupted; epoch {saved} is saved in {Path(out) / CHECKPOINT}; continue with:\n  "
+            + resume_command(argv, out))
+
+
+def _saved_epoch(path, since):
+    """The epoch of the checkpoint ``path`` if this run wrote it (after ``since``), else None."""
+    try:
+        if os.stat(path).st_mtime < since - 1:
+            return None
+        return int(checkpoint.read_meta(path)["epoch"])
+    except (OSError, CheckpointError, KeyError, TypeError, ValueError):
+        return None
+
+
+def resume_command(argv, out) -> str:
+    """The command line that continues the run written to ``out``: this one, with ``--resume
+    auto --out <out>`` in place of any --resume, --out or --overwrite it had."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--resume", "--out"):
+            skip = True
+            continue
+        if arg.startswith(("--resume=", "--out=")) or arg == "--overwrite":
+            continue
+        kept.append(arg)
+    script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "examples/<script>.py"
+    return shlex.join(["python", script, *kept, "--resume", "auto", "--out", str(out)])
 
 
 def _explicit_flags(parser, argv) -> set[str]:
@@ -190,8 +250,11 @@ FLAG_RANGES = {
 }
 
 
+FLAG_NAMES = {"max_vocab": "--vocab-size"}     # flags whose dest is not their name
+
+
 def _flag(name):
-    return "--" + name.replace("_", "-")
+    return FLAG_NAMES.get(name) or "--" + name.replace("_", "-")
 
 
 def _check_args(args):
@@ -319,21 +382,39 @@ def _normalization(args, train_set):
     return NORMALIZATIONS.get(getattr(args, "normalize", None) or "dataset", (train_set.mean, train_set.std))
 
 
-# what a resumed run always takes from its checkpoint (a different value given now is refused)
+# what a resumed run always takes from its checkpoint (a different value given now is refused):
+# the input pipeline and the data, compared as the model flags are
 RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize")
+RESUMED_DATA = ("synthetic_size", "synthetic_task", "text", "max_vocab", "mask_prob", "flip", "mixup", "cutmix",
+                "label_smoothing", "batch_size", "test_fraction", "text_column", "label_column", "pair_column")
 PIPELINE_DEFAULTS = {"optimizer": "adamw", "schedule": "linear"}   # checkpoints older than these flags
 
 
 def _keep_pipeline(args, meta, explicit, resume):
-    for name in RESUMED_PIPELINE:
-        if not hasattr(args, name):
+    """A resumed run keeps the checkpoint's pipeline and data options: one given now with
+    another value is refused; one left out takes the checkpoint's value."""
+    saved_args = meta["args"]
+    for name in RESUMED_PIPELINE + RESUMED_DATA:
+        if not hasattr(args, name) or (name not in saved_args and name not in PIPELINE_DEFAULTS):
             continue
-        saved = meta["args"].get(name, PIPELINE_DEFAULTS.get(name))
-        flag = "--" + name.replace("_", "-")
+        saved = saved_args.get(name, PIPELINE_DEFAULTS.get(name))
         if name in explicit and getattr(args, name) != saved:
-            raise UsageError(f"--resume {resume}: the run was trained with {flag} {saved}; a resumed run "
-                             f"keeps it (leave {flag} out, or give a new --out for a new run)")
+            what = "its data" if name in RESUMED_DATA else "it"
+            raise UsageError(f"--resume {resume}: the run was trained with {_flag(name)} {saved}; a resumed run "
+                             f"keeps {what} (leave {_flag(name)} out, or give a new --out for a new run)")
         setattr(args, name, saved)
+
+
+def _model_class(name):
+    """A model class of tinymlp.models named in a checkpoint (only those: a name read from a
+    file never selects anything else)."""
+    from tinymlp import models
+    from tinymlp.nn import Module
+
+    cls = getattr(models, name, None) if isinstance(name, str) and name in models.__all__ else None
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise UsageError(f"the checkpoint names the model class {name!r}, which is not one of tinymlp.models")
+    return cls
 
 
 def _architecture(meta):
@@ -342,7 +423,7 @@ def _architecture(meta):
 
     if meta["preset"] in models.PRESETS:
         return preset_config(meta["preset"], **meta["model_config"])
-    return getattr(models, meta["model_class"]), dict(meta["model_config"])
+    return _model_class(meta.get("model_class")), dict(meta["model_config"])
 
 
 def _resume_path(args, out: Path):
@@ -360,13 +441,50 @@ def _resume_path(args, out: Path):
     return path
 
 
-def _check_resumable(resume, meta, args, explicit):
-    """A checkpoint of these scripts, whose architecture the model flags given now do not contradict
-    (a resumed run keeps the checkpoint's architecture: a flag that asks for another is refused)."""
+SCRIPTS = {"MLPMixer": "train_cifar_mixer.py", "GMLP": "train_cifar_gmlp.py", "AMLP": "train_cifar_gmlp.py"}
+CIFAR_SCRIPTS = ("train_cifar_mixer.py", "train_cifar_gmlp.py")
+
+
+def script_of_preset(preset) -> str:
+    """The example script that trains a preset from scratch (finetune.py for the rest)."""
+    from tinymlp import models
+
+    if preset in models.TEXT_PRESETS:
+        return "train_text_gmlp.py"
+    if preset in models.PRESETS:
+        return SCRIPTS.get(preset_config(preset)[0].__name__, "finetune.py")
+    return "finetune.py"
+
+
+def script_of_checkpoint(meta) -> str:
+    """The example script that wrote a checkpoint, from its metadata."""
+    from tinymlp import models
+
+    preset, config = meta.get("preset"), meta.get("model_config") or {}
+    if preset in models.TEXT_PRESETS:
+        return "pretrain_mlm.py" if config.get("lm_head") else "train_text_gmlp.py"
+    if preset in models.PRESETS:
+        return SCRIPTS.get(preset_config(preset)[0].__name__, "finetune.py")
+    return "finetune.py"
+
+
+def _check_resumable(resume, meta, args, explicit, script=None):
+    """A checkpoint of ``script`` (or of a script whose models it also trains), whose
+    architecture the model flags given now do not contradict (a resumed run keeps the
+    checkpoint's architecture: a flag that asks for another is refused)."""
     needed = ("preset", "model_config", "history", "epoch", "args", "rng")
     if any(key not in meta for key in needed):
         raise UsageError(f"--resume {resume}: a tinymlp checkpoint, but not one written by these scripts "
                          f"(its metadata lacks {', '.join(k for k in needed if k not in meta)})")
+    if not isinstance(meta["model_config"], dict) or not isinstance(meta["args"], dict):
+        raise UsageError(f"--resume {resume}: its metadata is damaged (model_config and args are not dicts)")
+    if script is not None:
+        written_by = script_of_checkpoint(meta)
+        accepted = {script} | (set(CIFAR_SCRIPTS) if script == "finetune.py" else set())
+        if written_by not in accepted:
+            raise UsageError(f"--resume {resume}: a checkpoint of examples/{written_by} ({meta['preset']}), not of "
+                             f"this script's models; continue it with examples/{written_by} --resume {resume}, "
+                             "or give a new --out for a new run")
 
     def off(value):  # 0, "none" and None all mean "no attention" / "dense weights"
         return None if value in (None, "none", 0) else value
@@ -379,6 +497,114 @@ def _check_resumable(resume, meta, args, explicit):
         raise UsageError(f"--resume {resume}: the model flags given differ from the checkpoint's model "
                          f"({meta['preset']}): {', '.join(differences)}; a resumed run keeps the checkpoint's "
                          "architecture: leave these flags out, or give a new --out to train the new model")
+    if meta.get("dataset") != args.dataset:
+        raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
+    _keep_pipeline(args, meta, explicit, resume)
+
+
+def check_out(args, out: Path, resume):
+    """--out is a folder we can write in, and writing there erases no other run: a checkpoint
+    in it is only replaced by the run resumed from it, or with --overwrite."""
+    _check_writable(out)
+    existing = out / CHECKPOINT
+    if not existing.is_file() or getattr(args, "overwrite", False):
+        return
+    if resume is not None and resume.resolve() == existing.resolve():
+        return
+    try:
+        meta = checkpoint.read_meta(existing)
+        what = f": {meta.get('preset')}, {_count(int(meta.get('epoch')), 'epoch')} done"
+    except Exception:      # a damaged file is still someone's: it is not replaced silently either
+        what = ""
+    if resume is None:
+        raise UsageError(f"--out {out} already holds a run ({existing}{what}); continue it with --resume auto, "
+                         "pass --overwrite to replace it with a new run, or choose another --out")
+    raise UsageError(f"--out {out} holds another run ({existing}{what}), which continuing {resume} there would "
+                     "replace; choose another --out, or pass --overwrite")
+
+
+def memory_available(device) -> int | None:
+    """Bytes of memory on ``device`` (the machine's RAM, or the GPU's), None when unknown."""
+    try:
+        if device == "cuda":
+            return int(backend.module_for_device("cuda").cuda.Device().mem_info[1])
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def training_bytes(params, kwargs, batch, tokens, itemsize=4) -> tuple[int, int]:
+    """(parameters + gradients + two optimizer moments, one training step's saved activations):
+    a lower estimate, in bytes, of what training a model of ``params`` parameters with the
+    widths in ``kwargs`` takes at ``batch`` examples of ``tokens`` tokens."""
+    dim, depth = int(kwargs.get("dim") or 0), int(kwargs.get("depth") or 0)
+    hidden = max(int(kwargs.get(k) or 0) for k in ("ffn_dim", "channel_mlp_dim", "mlp_dim")) or 4 * dim
+    per_block = tokens * (4 * dim + 3 * hidden) + 2 * dim * int(kwargs.get("token_mlp_dim") or 0)
+    if kwargs.get("attn_dim") or kwargs.get("heads"):
+        per_block += 2 * tokens * tokens * int(kwargs.get("heads") or 1)
+    return 4 * params * itemsize, batch * depth * per_block * itemsize
+
+
+def make_model(cls, kwargs, args, explicit, params=None, tokens=None, flags=()):
+    """``cls(**kwargs)``, after checking that training it fits in memory (when ``params`` and
+    ``tokens`` are known): too big, or a constructor that refuses the sizes asked for, is a
+    UsageError naming the flags (exit status 2), not a traceback or the machine swapping."""
+    given = " ".join(f"{_flag(k)} {getattr(args, k)}" for k in flags if k in explicit)
+    if params is not None and tokens is not None:
+        weights, activations = training_bytes(params, kwargs, args.batch_size, tokens)
+        available = memory_available(args.device)
+        if available is not None and weights + activations > available:
+            raise UsageError(
+                f"{given + ': ' if given else ''}training {cls.__name__} with {params:,} parameters at --batch-size "
+                f"{args.batch_size} needs about {_gib(weights + activations)} (weights, gradients and optimizer "
+                f"moments {_gib(weights)}; one step's activations {_gib(activations)}), more than the "
+                f"{_gib(available)} of memory on this {args.device}: lower --batch-size or the model's sizes")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:
+        what = f"the model flags ({given})" if given else "the model's configuration"
+        raise UsageError(f"{what} do not make a valid {cls.__name__}: {err}") from None
+    except MemoryError:
+        raise UsageError(f"{given + ': ' if given else ''}not enough memory to build {cls.__name__} with "
+                         f"{'about ' + format(params, ',') + ' parameters' if params else 'these sizes'}: "
+                         "lower the model's sizes") from None
+
+
+def resume_into(resume, meta, model, opt, sched, args, explicit, loader, total, warmup):
+    """Load the checkpoint ``resume`` into the run; (History, epochs done). The lr and weight
+    decay are the checkpoint's unless given now; a run asked to go further (--epochs) stretches
+    its schedule, and says what that does to the learning rate."""
+    checkpoint.load(resume, model, opt, sched)
+    history, start = History.from_dict(meta["history"]), int(meta["epoch"])
+    before, old_total = sched.get_lr(), sched.total_steps
+    for name in RESUMED_OPTIMISATION:  # the checkpoint's values, unless given again now
+        if name not in explicit:
+            setattr(args, name, meta["args"][name])
+    sched.base_lrs = [args.lr] * len(opt.param_groups)
+    for group in opt.param_groups:
+        if group["weight_decay"]:  # the exempt groups (biases, norms) stay at 0
+            group["weight_decay"] = args.weight_decay
+    loader.rng.bit_generator.state = meta["rng"].bit_generator.state
+    stretched = (sched.total_steps, sched.warmup_steps) != (total, warmup)
+    if stretched:  # a longer (or shorter) run now
+        sched.load_state_dict({**sched.state_dict(), "total_steps": max(total, sched.step_count),
+                               "warmup_steps": min(warmup, total)})
+    sched._apply()
+    print(f"resuming {resume}: {_count(start, 'epoch')} done, training until epoch {args.epochs}")
+    if stretched and start < args.epochs:
+        kind = "cosine" if isinstance(sched, optim.WarmupCosine) else "linear"
+        print(f"schedule: --epochs {args.epochs} (the run was started with --epochs {meta['args'].get('epochs')}): "
+              f"the {kind} decay now reaches its end at step {sched.total_steps} instead of {old_total}; at step "
+              f"{sched.step_count} the learning rate goes from {before:.3g} to {sched.get_lr():.3g} and decays from there")
+    return history, start
+
+
+MODEL_FLAGS = ("dim", "depth", "token_mlp_dim", "channel_mlp_dim", "ffn_dim", "attn_dim", "dropout", "toeplitz",
+               "sgu_variant", "seq_len", "max_vocab", "position", "pooling")
 
 
 def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
@@ -389,14 +615,11 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     resume = _resume_path(args, out)
     if resume is not None and args.out is None:
         out = resume.parent                           # keep writing where the run was
-    _check_writable(out)
     meta = checkpoint.read_meta(resume) if resume else None
     if meta is not None:
-        _check_resumable(resume, meta, args, explicit)
-    if meta is not None and meta.get("dataset") != args.dataset:
-        raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
-    if meta is not None:
-        _keep_pipeline(args, meta, explicit, resume)
+        _check_resumable(resume, meta, args, explicit, script=script_of_preset(preset))
+    check_out(args, out, resume)
+    _check_data_size(args)
 
     train_set, test_set = _datasets(args, _model_image_size(args, preset, overrides, meta))
     if meta is not None:
@@ -409,9 +632,12 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     else:
         if meta is None:
             cls, kwargs = preset_config(preset, **overrides, num_classes=train_set.num_classes, seed=args.seed)
+            name, config = preset, {**overrides, "num_classes": train_set.num_classes}
         else:  # the architecture is the checkpoint's, whatever the model flags say now
             cls, kwargs = _architecture(meta)
-        model = cls(**kwargs)
+            name, config = meta["preset"], meta["model_config"]
+        model = make_model(cls, kwargs, args, explicit, params=_parameters(name, config), tokens=_tokens(kwargs),
+                           flags=MODEL_FLAGS)
     model = model.to(args.device)
     groups = optim.param_groups(model, args.weight_decay)
     if args.optimizer == "sgd":
@@ -428,20 +654,7 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
 
     history, start = History(), 0
     if meta is not None:
-        checkpoint.load(resume, model, opt, sched)
-        history, start = History.from_dict(meta["history"]), int(meta["epoch"])
-        for name in RESUMED_OPTIMISATION:  # the checkpoint's values, unless given again now
-            if name not in explicit:
-                setattr(args, name, meta["args"][name])
-        sched.base_lrs = [args.lr] * len(opt.param_groups)
-        for group in opt.param_groups:
-            if group["weight_decay"]:  # the exempt groups (biases, norms) stay at 0
-                group["weight_decay"] = args.weight_decay
-        train_loader.rng.bit_generator.state = meta["rng"].bit_generator.state
-        if (sched.total_steps, sched.warmup_steps) != (total, warmup):  # a longer (or shorter) run now
-            sched.load_state_dict({**sched.state_dict(), "total_steps": max(total, sched.step_count),
-                                   "warmup_steps": min(warmup, total)})
-        print(f"resuming {resume}: {_count(start, 'epoch')} done, training until epoch {args.epochs}")
+        history, start = resume_into(resume, meta, model, opt, sched, args, explicit, train_loader, total, warmup)
 
     print(f"{_model_title(cls, meta['preset'] if meta else preset, model)}: {model.num_parameters():,} parameters | "
           f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test images | {args.device} | "
@@ -450,6 +663,7 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
 
     out.mkdir(parents=True, exist_ok=True)
+    RUN.update(out=out, resume=resume, started=time.time())
     show = False if args.no_progress else None       # None: bars when stderr is a terminal
     bars = show is None and sys.stderr.isatty()
     loss_fn = _loss(args.label_smoothing)
@@ -487,6 +701,43 @@ def _run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
           f"{args.device} | {_count(len(history), 'epoch')} | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}"
           f"{', ' + weight_file if weight_plot is not None else ''}{', ' + CONFUSION if args.dataset in OWN_DATA else ''})")
     return 0
+
+
+def _parameters(preset, config):
+    """The parameter count of a preset with ``config``, computed without building it (None if unknown)."""
+    from tinymlp import models
+
+    config = {k: v for k, v in config.items() if k != "seed"}
+    try:
+        if preset in models.TEXT_PRESETS:
+            return int(models.text_num_parameters(preset, **config))
+        return int(models.num_parameters(preset, **config))
+    except Exception:      # an invalid configuration: the constructor says what is wrong with it
+        return None
+
+
+def _tokens(kwargs) -> int | None:
+    """Tokens per example of a model's keyword arguments (patches of an image, or seq_len)."""
+    if kwargs.get("seq_len"):
+        return int(kwargs["seq_len"])
+    try:
+        size, patch = kwargs["image_size"], kwargs["patch_size"]
+        size = (size, size) if isinstance(size, int) else size
+        patch = (patch, patch) if isinstance(patch, int) else patch
+        return max(1, (size[0] // patch[0]) * (size[1] // patch[1]))
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _check_data_size(args, bytes_per_example=3 * 32 * 32):
+    """--synthetic-size is generated in memory: more than the machine holds is a one-line error."""
+    if args.dataset != "synthetic":
+        return
+    need = int(args.synthetic_size * 1.2 * bytes_per_example)     # train + the test fifth
+    available = memory_available("cpu")
+    if available is not None and need > available:
+        raise UsageError(f"--synthetic-size {args.synthetic_size}: generating it needs about {_gib(need)}, more "
+                         f"than the {_gib(available)} of memory here: ask for fewer examples")
 
 
 def _check_classes(resume, meta, classes):

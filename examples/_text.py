@@ -1,10 +1,11 @@
 """What pretrain_mlm.py and train_text_gmlp.py share: the CIFAR examples' command line and run
 (``_common.py``: flags, checks, checkpoints, metrics, curves, resume), with text in place of images.
 
-A text run writes, beside ``checkpoint.npz``/``metrics.json``/``curves.png``, the tokenizer it
-was trained with: ``tokenizer.json`` (plain JSON, ``tinymlp.text.Tokenizer.load``). A resumed
-run reads it back, and fine-tuning from a pretrained checkpoint uses the one in its folder, so
-ids always mean the same pieces.
+A text run stores the tokenizer it was trained with inside its checkpoint (its vocabulary, in
+the checkpoint's metadata), and writes it beside ``checkpoint.npz``/``metrics.json``/``curves.png``
+as ``tokenizer.json`` too (plain JSON, ``tinymlp.text.Tokenizer.load``). A resumed run, and
+fine-tuning from a pretrained checkpoint, take the tokenizer from the checkpoint itself, so a
+checkpoint is never paired with another run's tokenizer and ids always mean the same pieces.
 
 Text recipe (defaults; the course work's fine-tuning recipe, section 3.3: AdamW (0.9, 0.999),
 linear decay, batch 32, sequences of 128 tokens; its lr 2e-5 is for a pretrained model, from
@@ -15,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from _common import (
-    CHECKPOINT, CONFUSION, CURVES, METRICS, OWN_DATA, RESUMED_OPTIMISATION, UsageError, _check_args,
-    _check_classes, _check_resumable, _check_writable, _explicit_flags, _loss, _resume_path, _write_metrics,
-    confusion, make_parser, model_args,
+    CHECKPOINT, CONFUSION, CURVES, METRICS, MODEL_FLAGS, OWN_DATA, RUN, UsageError, _check_args, _check_classes,
+    _check_data_size, _check_resumable, _count, _explicit_flags, _loss, _parameters, _resume_path, _write_metrics,
+    check_out, confusion, guard, make_model, make_parser, model_args, resume_into,
 )
 
-from tinymlp import CudaUnavailableError, backend, checkpoint, data, optim, plot
-from tinymlp.checkpoint import CheckpointError
-from tinymlp.data import DatasetError
+from tinymlp import backend, checkpoint, data, optim, plot
 from tinymlp.models.text import text_config
 from tinymlp.text import Tokenizer
 from tinymlp.train import History, evaluate, fit, format_epoch
@@ -135,31 +135,33 @@ def model_overrides(args):
     return preset, overrides
 
 
-def run(parser, prepare, argv=None) -> int:
-    """Parse, run ``_train(args, prepare)``; errors as one line and exit status 2 (as _common.main)."""
+def run(parser, prepare, argv=None, lm=False) -> int:
+    """Parse, run ``_train(args, prepare)``; errors as one line and exit status 2 (as _common.main).
+    ``lm``: the script trains masked language models (pretrain_mlm.py), not classifiers."""
     args = parser.parse_args(argv)
-    try:
-        return _train(args, prepare, _explicit_flags(parser, argv))
-    except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; continue later with --resume auto (the last finished epoch is saved)", file=sys.stderr)
-        return 130
+    return guard(lambda: _train(args, prepare, _explicit_flags(parser, argv), lm), argv)
 
 
-def tokenizer_for(out, corpus, vocab_size, resumed, pretrained=None):
-    """The run's tokenizer: read back when resuming (or from a pretrained run's folder), else trained."""
-    source = out if resumed else (Path(pretrained).parent if pretrained else None)
-    if source is not None:
-        path = Path(source) / TOKENIZER
+def tokenizer_for(out, corpus, vocab_size, resumed, pretrained=None, meta=None):
+    """The run's tokenizer: the one stored in the checkpoint resumed (``meta``) or in the
+    pretrained checkpoint, else one trained on ``corpus()``. A checkpoint older than the stored
+    tokenizer falls back on the ``tokenizer.json`` beside it."""
+    if resumed or pretrained:
+        source = meta if resumed else checkpoint.read_meta(pretrained)
+        where = "the checkpoint resumed" if resumed else f"--pretrained {pretrained}"
+        if isinstance(source, dict) and "tokenizer" in source:
+            try:
+                return Tokenizer.from_dict(source["tokenizer"])
+            except (KeyError, TypeError, ValueError) as err:
+                raise UsageError(f"{where}: its stored tokenizer is damaged ({err})") from None
+        path = (Path(out) if resumed else Path(pretrained).parent) / TOKENIZER
         if not path.is_file():
             raise UsageError(f"{path} is missing: the run's ids cannot be read without the tokenizer it was trained with")
         return Tokenizer.load(path)
     return Tokenizer.train(corpus(), vocab_size=vocab_size)
 
 
-def _train(args, prepare, explicit):
+def _train(args, prepare, explicit, lm=False):
     """``prepare(args, out, meta) -> dict`` gives: train/test loaders, tokenizer, preset, model kwargs,
     a description of the data, and optionally ``init`` (a function run on a new model) and ``loss_fn``."""
     _check_args(args)
@@ -175,12 +177,11 @@ def _train(args, prepare, explicit):
     resume = _resume_path(args, out)
     if resume is not None and args.out is None:
         out = resume.parent
-    _check_writable(out)
     meta = checkpoint.read_meta(resume) if resume else None
     if meta is not None:
-        _check_resumable(resume, meta, args, explicit)
-        if meta.get("dataset") != args.dataset:
-            raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
+        _check_resumable(resume, meta, args, explicit, script="pretrain_mlm.py" if lm else "train_text_gmlp.py")
+    check_out(args, out, resume)
+    _check_data_size(args, bytes_per_example=8 * getattr(args, "seq_len", 128))
     job = prepare(args, out, meta, preset, overrides)
     classes = job.get("classes")
     if meta is not None and classes is not None:
@@ -189,11 +190,10 @@ def _train(args, prepare, explicit):
     if len(train_loader) == 0:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the training set")
 
-    if meta is None:
-        cls, kwargs = text_config(job["preset"], **job["overrides"])
-    else:
-        cls, kwargs = text_config(meta["preset"], **meta["model_config"])
-    model = cls(**kwargs)
+    name, config = (meta["preset"], meta["model_config"]) if meta else (job["preset"], job["overrides"])
+    cls, kwargs = text_config(name, **config)
+    model = make_model(cls, kwargs, args, explicit, params=_parameters(name, config), tokens=kwargs.get("seq_len"),
+                       flags=MODEL_FLAGS)
     if meta is None and job.get("init"):
         job["init"](model)
     model.to(args.device)
@@ -205,38 +205,25 @@ def _train(args, prepare, explicit):
 
     history, start = History(), 0
     if meta is not None:
-        checkpoint.load(resume, model, opt, sched)
-        history, start = History.from_dict(meta["history"]), int(meta["epoch"])
-        for name in RESUMED_OPTIMISATION:
-            if name not in explicit:
-                setattr(args, name, meta["args"][name])
-        sched.base_lrs = [args.lr] * len(opt.param_groups)
-        for group in opt.param_groups:
-            if group["weight_decay"]:
-                group["weight_decay"] = args.weight_decay
-        train_loader.rng.bit_generator.state = meta["rng"].bit_generator.state
-        if (sched.total_steps, sched.warmup_steps) != (total, warmup):
-            sched.load_state_dict({**sched.state_dict(), "total_steps": max(total, sched.step_count),
-                                   "warmup_steps": min(warmup, total)})
-        print(f"resuming {resume}: {start} epoch(s) done, training until epoch {args.epochs}")
+        history, start = resume_into(resume, meta, model, opt, sched, args, explicit, train_loader, total, warmup)
 
-    name = meta["preset"] if meta else job["preset"]
     print(f"{cls.__name__} ({name}{', aMLP' if kwargs.get('attn_dim') else ''}): {model.num_parameters():,} "
           f"parameters | {job['describe']} | {len(tok):,} pieces, {kwargs['seq_len']} tokens | {args.device} | "
-          f"{args.epochs} epochs x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} wd {args.weight_decay:g}, "
-          f"warmup {warmup} steps, clip {args.clip:g}")
+          f"{_count(args.epochs, 'epoch')} x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} "
+          f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / TOKENIZER).is_file():
-        tok.save(out / TOKENIZER)
+    RUN.update(out=out, resume=resume, started=time.time())
+    tok.save(out / TOKENIZER)      # this run's, also over an older run's file (--overwrite)
     show = False if args.no_progress else None
     bars = show is None and sys.stderr.isatty()
     loss_fn = job.get("loss_fn") or _loss(args.label_smoothing)
-    report = job.get("report", lambda hist: format_epoch(hist, args.epochs, val_name="test"))
+    report = job.get("report", lambda hist: format_epoch(hist, args.epochs, val_name="test", unit="samples"))
 
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
                         rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
-                        classes=None if classes is None else list(classes), args=vars(args))
+                        classes=None if classes is None else list(classes), args=vars(args),
+                        tokenizer=tok.to_dict())
         _write_metrics(out, args, model, hist)
         plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}")
         if not bars:
@@ -245,9 +232,9 @@ def _train(args, prepare, explicit):
     if start < args.epochs:
         fit(model, opt, train_loader, test_loader, epochs=args.epochs, scheduler=sched, clip=args.clip or None,
             callbacks=[save_run], progress=show, limit_batches=args.limit_batches, loss_fn=loss_fn,
-            start_epoch=start, history=history)
+            start_epoch=start, history=history, unit="samples")
     else:
-        print(f"{start} epoch(s) already done: pass --epochs larger than {start} to train further")
+        print(f"{_count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     if history.val_acc and history.val_acc[-1] is not None:
         test_loss, test_acc = history.val_loss[-1], history.val_acc[-1]
     else:
@@ -257,8 +244,9 @@ def _train(args, prepare, explicit):
     if plotted:
         confusion(model, test_loader, classes, out / CONFUSION, args.limit_batches,
                   title=f"{name} on {Path(args.train_file).name}: test set")
-    print(job["done"](test_loss, test_acc) + f" | {len(history)} epochs | outputs in {out}/ ({CHECKPOINT}, "
-          f"{METRICS}, {CURVES}, {TOKENIZER}{', ' + CONFUSION if plotted else ''})")
+    speed = f" | {history.images_per_sec[-1]:,.0f} samples/s training" if history.images_per_sec else ""
+    print(job["done"](test_loss, test_acc) + f"{speed} | {_count(len(history), 'epoch')} | outputs in {out}/ "
+          f"({CHECKPOINT}, {METRICS}, {CURVES}, {TOKENIZER}{', ' + CONFUSION if plotted else ''})")
     return 0
 
 

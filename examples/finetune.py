@@ -32,7 +32,7 @@ shared with the CIFAR training scripts: see examples/_common.py.
 import sys
 from pathlib import Path
 
-from _common import UsageError, main, make_parser
+from _common import UsageError, _model_class, main, make_parser
 
 from tinymlp import checkpoint, interop, models
 
@@ -151,7 +151,10 @@ def _resumed_class(args):
         name = checkpoint.read_meta(path).get("model_class")
     except Exception:
         return None              # the shared code reports an unreadable checkpoint
-    return getattr(models, name, None) if name else None
+    try:
+        return _model_class(name) if name else None     # only a class of tinymlp.models, never another name
+    except UsageError:
+        return None
 
 
 def _plot_for(cls):

@@ -88,7 +88,7 @@ def prepare(args, out, meta, preset, overrides):
     order = np.random.default_rng(0).permutation(len(lines))         # a fixed held-out share (5%)
     n_val = min(max(1, int(len(lines) * args.test_fraction)), len(lines) - 1)
     val_lines, train_lines = [lines[i] for i in order[:n_val]], [lines[i] for i in order[n_val:]]
-    tok = tokenizer_for(out, lambda: train_lines, args.max_vocab, resumed=meta is not None)
+    tok = tokenizer_for(out, lambda: train_lines, args.max_vocab, resumed=meta is not None, meta=meta)
     seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]
 
     def tokens(texts):
@@ -113,4 +113,4 @@ def prepare(args, out, meta, preset, overrides):
 
 
 if __name__ == "__main__":
-    sys.exit(run(build_parser(), prepare))
+    sys.exit(run(build_parser(), prepare, lm=True))

@@ -8,7 +8,7 @@
 
 The model is the "gmlp_text_split" preset (C = 128, 6 blocks, d_ffn = 768, S = 128 tokens, mean
 pooling over the real tokens; models/text.py); a WordPiece tokenizer is trained on the training
-sentences (--vocab-size pieces) and saved as tokenizer.json beside the checkpoint.
+sentences (--vocab-size pieces), stored in the checkpoint and saved as tokenizer.json beside it.
 ``--pretrained`` starts from a masked-LM checkpoint of examples/pretrain_mlm.py: its architecture,
 its tokenizer and its weights; the classification head is new. Outputs and resume as the CIFAR
 examples (examples/_common.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
@@ -28,6 +28,7 @@ from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, to
 
 from tinymlp import checkpoint, data
 from tinymlp.checkpoint import CheckpointError
+from tinymlp.nn import StateDictError
 
 
 def build_parser():
@@ -81,7 +82,7 @@ def prepare(args, out, meta, preset, overrides):
         base = pretrained[0]["model_config"]
         preset, overrides = pretrained[0]["preset"], {**base, "lm_head": False, "causal": False}
     tok = tokenizer_for(out, train_set.corpus, args.max_vocab, resumed=meta is not None,
-                        pretrained=args.pretrained if pretrained else None)
+                        pretrained=args.pretrained if pretrained else None, meta=meta)
     seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]
     train_ids, test_ids = train_set.encode(tok, seq_len), test_set.encode(tok, seq_len)
     train = data.TokenLoader(train_ids, args.batch_size, shuffle=True, drop_last=True,
@@ -92,7 +93,10 @@ def prepare(args, out, meta, preset, overrides):
 
     def init(model):
         if pretrained is not None:
-            result = model.load_state_dict(pretrained[1], strict=False)     # shapes must fit
+            try:
+                result = model.load_state_dict(pretrained[1], strict=False)     # shapes and values must fit
+            except StateDictError as err:
+                raise CheckpointError(f"--pretrained {args.pretrained}: {err}") from None
             if sorted(result.missing_keys) != ["head.bias", "head.weight"]:
                 raise CheckpointError(f"--pretrained {args.pretrained}: it lacks {result.missing_keys}")
             print(f"pretrained weights from {args.pretrained} (new: the classification head)")

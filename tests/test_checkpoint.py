@@ -229,3 +229,152 @@ def test_save_on_device_load_on_cpu(tmp_path, device):
     load(tmp_path / "c.npz", cpu_model, cpu_opt)
     for (k, a), (_, b) in zip(model.state_dict().items(), cpu_model.state_dict().items()):
         assert np.array_equal(a, b), k
+
+
+# ---------------------------------------------------------------------- loads are all or nothing
+@pytest.mark.parametrize("bad,words", [
+    (lambda v: v.astype(np.int8), r"holds integers \(int8\)"),
+    (lambda v: v > 0, "holds booleans"),
+    (lambda v: v.astype(np.complex64), "complex"),
+    (lambda v: np.where(np.arange(v.size).reshape(v.shape) == 1, np.nan, v), "1 NaN or infinite value"),
+    (lambda v: np.full(v.shape, 1e300), "beyond the largest float32"),
+])
+def test_a_bad_value_in_the_middle_leaves_the_model_untouched(bad, words):
+    model = Tiny(seed=0)
+    before = params_of(model)
+    state = Tiny(seed=1).state_dict()
+    names = list(state)
+    middle = names[len(names) // 2]            # earlier keys would be copied first by a naive loop
+    state[middle] = bad(state[middle])
+    with pytest.raises(StateDictError, match=words) as info:
+        model.load_state_dict(state)
+    assert info.value.invalid[0][0] == middle and middle in str(info.value)
+    for k, v in params_of(model).items():
+        assert np.array_equal(v, before[k]), k
+
+
+def test_float16_and_float64_values_are_cast_to_the_parameters_dtype():
+    model, other = Tiny(seed=0), Tiny(seed=1)
+    state = {k: v.astype(np.float16 if i % 2 else np.float64) for i, (k, v) in enumerate(other.state_dict().items())}
+    model.load_state_dict(state)
+    for k, v in params_of(model).items():
+        assert v.dtype == np.float32 and np.array_equal(v, state[k].astype(np.float32)), k
+
+
+def _rewrite(path, change):
+    """Rewrite a checkpoint's header with ``change(header)``: a crafted or damaged file."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    header = json.loads(arrays["__header__"].tobytes().decode("utf-8"))
+    change(header, arrays)
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _trained_run(tmp_path):
+    model, opt, sched = make_run()
+    train(model, opt, sched, np.random.default_rng(0), 2)
+    path = tmp_path / "ckpt.npz"
+    save(path, model, opt, sched, epoch=1)
+    return path
+
+
+def _set_lr(header, arrays):
+    header["optim"]["param_groups"][0]["lr"] = float("nan")
+
+
+def _set_beta(header, arrays):
+    header["optim"]["param_groups"][1]["betas"] = [0.9, 1.5]
+
+
+def _set_step(header, arrays):
+    header["optim"]["state"]["0"]["step"] = -3
+
+
+def _set_moment(header, arrays):
+    name = header["optim"]["state"]["0"]["exp_avg_sq"]["__array__"]
+    arrays[name] = -np.abs(arrays[name]) - 1
+
+
+def _set_unknown(header, arrays):
+    header["optim"]["param_groups"][0]["momentum_typo"] = 0.9
+
+
+def _set_total(header, arrays):
+    header["sched"]["total_steps"] = 0
+
+
+def _set_warmup(header, arrays):
+    header["sched"]["warmup_steps"] = "many"
+
+
+def _set_weight(header, arrays):
+    arrays["model/head.weight"] = arrays["model/head.weight"].astype(np.int8)
+
+
+@pytest.mark.parametrize("change,words", [
+    (_set_lr, "lr=nan is not a finite number"), (_set_beta, r"betas\[1\]=1.5 is out of range"),
+    (_set_step, "step -3 is not an integer >= 0"), (_set_moment, "negative entries"),
+    (_set_unknown, "'momentum_typo' .not a hyperparameter of AdamW"),
+    (_set_total, "total_steps=0 is out of range"), (_set_warmup, "warmup_steps='many' is not an integer"),
+    (_set_weight, "head.weight: holds integers"),
+])
+def test_a_damaged_optimizer_schedule_or_weight_changes_nothing(tmp_path, change, words):
+    path = _trained_run(tmp_path)
+    _rewrite(path, change)
+    model, opt, sched = make_run(seed=5)
+    before = params_of(model), opt.state_dict(), sched.state_dict(), [dict(g) for g in opt.param_groups]
+    with pytest.raises(CheckpointError, match=words) as info:
+        load(path, model, opt, sched)
+    assert str(path) in str(info.value)
+    after = params_of(model), opt.state_dict(), sched.state_dict(), [dict(g) for g in opt.param_groups]
+    for k in before[0]:
+        assert np.array_equal(before[0][k], after[0][k])
+    assert before[1]["state"] == after[1]["state"] == {} and before[2] == after[2] and before[3] == after[3]
+
+
+def test_a_crafted_generator_name_is_never_called(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    model, opt, sched = make_run()
+    save(path, model, rng=np.random.default_rng(0))
+
+    def craft(header, arrays):
+        header["meta"]["rng"]["__generator__"]["bit_generator"] = "seed"   # np.random.seed: a callable
+    _rewrite(path, craft)
+    state = np.random.get_state()[1].copy()
+    with pytest.raises(CheckpointError, match="not the state of a NumPy bit generator"):
+        read_meta(path)
+    assert np.array_equal(np.random.get_state()[1], state)
+
+
+# ---------------------------------------------------------------------- dropout's generator
+class DropTiny(Tiny):
+    def __init__(self, seed=0):
+        super().__init__(seed=seed)
+        self.drop = tinymlp.nn.Dropout(0.1, rng=np.random.default_rng(seed + 100))
+
+    def forward(self, x):
+        return self.head(self.drop(self.body(x).tanh()))
+
+
+def test_resume_with_dropout_is_exact(tmp_path):
+    def run(seed=0):
+        model = DropTiny(seed)
+        opt = AdamW(param_groups(model, weight_decay=0.1), lr=0.05)
+        return model, opt, WarmupLinear(opt, warmup_steps=2, total_steps=6)
+
+    model, opt, sched = run()
+    straight = train(model, opt, sched, np.random.default_rng(123), 4)
+    expected = params_of(model)
+
+    model, opt, sched = run()
+    data_rng = np.random.default_rng(123)
+    first = train(model, opt, sched, data_rng, 2)
+    save(tmp_path / "ckpt.npz", model, opt, sched, rng=data_rng)
+    model, opt, sched = run(seed=7)               # a fresh process: another dropout generator
+    meta = load(tmp_path / "ckpt.npz", model, opt, sched)
+    second = train(model, opt, sched, meta["rng"], 2)
+    assert first + second == straight
+    for k, v in params_of(model).items():
+        assert np.array_equal(v, expected[k]), k

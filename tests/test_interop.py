@@ -550,3 +550,70 @@ def test_create_timm_model_follows_the_models_options(family):
     with torch.no_grad():
         ref = net(torch.from_numpy(x)).numpy()
     assert np.abs(logits(model, x, np.float32) - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+# ---------------------------------------------------------------------- values checked, files damaged
+def test_from_timm_refuses_integer_and_nonfinite_weights_naming_them():
+    sd = timm_state("mixer")
+    quantized = dict(sd, **{"stem.proj.weight": np.round(sd["stem.proj.weight"] * 100).astype(np.int8)})
+    with pytest.raises(InteropError, match=r"stem.proj.weight holds integers \(int8\).*dequantize"):
+        interop.from_timm(quantized)
+    broken = dict(sd, **{"head.bias": np.full_like(sd["head.bias"], np.inf)})
+    with pytest.raises(InteropError, match="head.bias holds 5 NaN or infinite values"):
+        interop.from_timm(broken)
+    with pytest.raises(InteropError, match="complex"):
+        interop.from_timm(dict(sd, **{"norm.weight": sd["norm.weight"].astype(np.complex64)}))
+
+
+def _bf16_file(path, arrays):
+    import json as _json
+    import struct
+
+    header, blobs, offset = {}, [], 0
+    for name, value in arrays.items():
+        bits = (np.asarray(value, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(np.shape(value)), "data_offsets": [offset, offset + len(bits)]}
+        blobs.append(bits)
+        offset += len(bits)
+    text = _json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_bfloat16_safetensors_are_read_as_float32_with_a_note(tmp_path, capsys):
+    pytest.importorskip("safetensors")
+    sd = timm_state("mixer")
+    exact = {k: (np.asarray(v, np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32) for k, v in sd.items()}
+    _bf16_file(tmp_path / "w.safetensors", exact)
+    model = interop.from_timm(tmp_path / "w.safetensors")
+    assert "bfloat16 tensors converted to float32" in capsys.readouterr().err
+    assert np.array_equal(model.head.bias.data, exact["head.bias"])
+    assert np.array_equal(model.state_dict()["norm.weight"], exact["norm.weight"])
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+@pytest.mark.parametrize("keep", [0.5, 12])
+def test_a_truncated_weights_file_is_one_sentence(tmp_path, suffix, keep):
+    if suffix == ".safetensors":
+        pytest.importorskip("safetensors")
+    path = tmp_path / f"w{suffix}"
+    interop.save_timm(small_model("mixer"), path)
+    blob = path.read_bytes()
+    path.write_bytes(blob[:int(len(blob) * keep) if keep < 1 else keep])
+    with pytest.raises(InteropError, match=r"truncated") as info:
+        interop.from_timm(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_create_timm_model_without_torch_says_what_to_install(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name.split(".")[0] in ("torch", "timm"):
+            raise ImportError(f"No module named '{name}'", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(ImportError, match="needs torch and timm .*pip install torch timm"):
+        interop.create_timm_model(small_model("mixer"))

@@ -12,6 +12,10 @@ Inside the file (an ordinary NumPy ``.npz``, readable with ``np.load(path, allow
   version, the metadata and the non-array parts of the state dicts, where each array stands
   as ``{"__array__": "<its key in the file>"}``.
 
+The state of every random Generator the model's modules keep (Dropout's masks) is saved too,
+and ``load`` puts it back into the model's own generators: a resumed run draws the masks the
+uninterrupted run would have drawn.
+
 Metadata may hold numbers, strings, None, lists, tuples, dicts with string keys, dataclasses,
 arrays and ``numpy.random.Generator`` objects (stored as their bit generator's state and given
 back as a new Generator in that state). Anything else is refused: nothing is ever pickled,
@@ -24,7 +28,12 @@ file the crash left behind.
 
 Loading checks before it trusts: a file that is empty, truncated, damaged, a plain ``.npy``,
 or not a checkpoint at all raises one ``CheckpointError`` naming the file and what is wrong;
-an optimizer state is only loaded into an optimizer of the type that saved it.
+an optimizer state is only loaded into an optimizer of the type that saved it. Every value is
+checked before anything changes (``load`` is all or nothing): the model's arrays as
+``Module.load_state_dict`` checks them (shape; floating point, finite and within range for a
+float parameter), the optimizer's and the schedule's state as their constructors check their
+arguments. A name read from the file (a bit generator's, a class's) is only ever looked up in
+a fixed list, never imported or called as given.
 """
 
 from __future__ import annotations
@@ -43,8 +52,8 @@ import numpy as np
 from .backend import to_device
 from .nn.module import StateDictError
 
-__all__ = ["CheckpointError", "CheckpointMismatchError", "generator_state", "load", "read_meta",
-           "restore_generator", "save"]
+__all__ = ["CheckpointError", "CheckpointMismatchError", "generator_state", "load", "module_generators",
+           "read_meta", "restore_generator", "save"]
 
 FORMAT = "tinymlp-checkpoint"
 VERSION = 1
@@ -66,13 +75,61 @@ def generator_state(rng: np.random.Generator) -> dict:
     return _json_arrays(rng.bit_generator.state)
 
 
+BIT_GENERATORS = {cls.__name__: cls for cls in (np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,
+                                                np.random.Philox, np.random.SFC64)}
+
+
 def restore_generator(state: dict, rng: np.random.Generator | None = None) -> np.random.Generator:
-    """Set ``rng`` to ``state`` (from ``generator_state``), or build a new Generator in that state."""
+    """Set ``rng`` to ``state`` (from ``generator_state``), or build a new Generator in that state.
+
+    The bit generator is looked up among NumPy's own (PCG64, PCG64DXSM, MT19937, Philox,
+    SFC64): a name read from a file never selects anything else. A state that does not fit
+    raises a ValueError.
+    """
     state = _unjson_arrays(state)
+    kind = state.get("bit_generator") if isinstance(state, dict) else None
+    if not isinstance(kind, str) or kind not in BIT_GENERATORS:
+        raise ValueError(f"not the state of a NumPy bit generator (bit_generator {kind!r}; "
+                         f"expected one of {', '.join(BIT_GENERATORS)})")
+    bits = BIT_GENERATORS[kind]() if rng is None else type(rng.bit_generator)()
+    try:
+        bits.state = state                  # on a scratch bit generator first: rng is unchanged on error
+    except (TypeError, ValueError, KeyError, OverflowError) as err:
+        raise ValueError(f"a {kind} state that does not fit ({type(err).__name__}: {_first_line(err)})") from None
     if rng is None:
-        rng = np.random.Generator(getattr(np.random, state["bit_generator"])())
-    rng.bit_generator.state = state
+        return np.random.Generator(bits)
+    rng.bit_generator.state = bits.state
     return rng
+
+
+def module_generators(model) -> dict:
+    """``{"<module>.<attribute>": Generator}`` for every random Generator a module of ``model``
+    keeps (Dropout's ``rng``): the state a resumed run needs to draw the same masks."""
+    found = {}
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, np.random.Generator):
+                found[f"{name}.{attr}" if name else attr] = value
+    return found
+
+
+def _check_generators(saved, model, path):
+    """[(the model's Generator, the state to give it)] for the generators saved in a checkpoint."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: its {HEADER} is damaged (the generators entry is not a dict)")
+    own, out = module_generators(model), []
+    for name, state in saved.items():
+        if name not in own:
+            continue
+        try:
+            scratch = restore_generator(state)
+        except (ValueError, AttributeError, TypeError) as err:
+            raise CheckpointError(f"{path}: the saved random state of {name} is damaged: {err}") from None
+        if type(scratch.bit_generator) is not type(own[name].bit_generator):
+            raise CheckpointError(f"{path}: {name} was saved as a {type(scratch.bit_generator).__name__} generator, "
+                                  f"the model's is a {type(own[name].bit_generator).__name__}")
+        out.append((own[name], scratch.bit_generator.state))
+    return out
 
 
 def _json_arrays(obj):
@@ -135,7 +192,10 @@ def _decode(obj, npz):
         if len(obj) == 1 and "__array__" in obj:
             return npz[obj["__array__"]]
         if len(obj) == 1 and "__generator__" in obj:
-            return restore_generator(obj["__generator__"])
+            try:
+                return restore_generator(obj["__generator__"])
+            except (ValueError, AttributeError, TypeError) as err:
+                raise ValueError(f"a saved random generator is damaged: {err}") from None
         return {k: _decode(v, npz) for k, v in obj.items()}
     return obj
 
@@ -145,7 +205,8 @@ def save(path, model, optimizer=None, scheduler=None, **meta) -> None:
     """Write ``model`` (and ``optimizer``, ``scheduler``, keyword metadata) to ``path``, atomically."""
     arrays = {f"model/{name}": value for name, value in model.state_dict().items()}  # host copies
     header = {"format": FORMAT, "version": VERSION, "model": type(model).__name__,
-              "meta": _encode(meta, "meta", arrays)}
+              "meta": _encode(meta, "meta", arrays),
+              "generators": {k: generator_state(g) for k, g in module_generators(model).items()}}
     if optimizer is not None:
         header["optim"] = _encode(optimizer.state_dict(), "optim", arrays)
         header["optim_class"] = type(optimizer).__name__
@@ -318,26 +379,32 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
             sched_state = _decode(header["sched"], npz)
         meta = _decode(header["meta"], npz)
 
-    missing, unexpected, mismatched = model.state_mismatches(state)
-    if missing or unexpected or mismatched:
-        raise CheckpointMismatchError(type(model).__name__, missing, unexpected, mismatched,
-                                      source="checkpoint", where=f"{path} (saved from {header.get('model')}): ")
+    def mismatch(missing, unexpected, mismatched, invalid):
+        return CheckpointMismatchError(type(model).__name__, missing, unexpected, mismatched, source="checkpoint",
+                                       where=f"{path} (saved from {header.get('model')}): ", invalid=invalid)
+
+    prepared, _ = model._prepare_state(state, error=mismatch)
     if optimizer is not None:
         try:
             optimizer._check_state_dict(optim_state)
-        except (ValueError, KeyError) as err:
+        except (TypeError, ValueError, KeyError) as err:
             raise CheckpointError(
                 f"{path}: the optimizer state (saved from {header.get('optim_class')}) does not fit "
                 f"this {type(optimizer).__name__}: {err}"
             ) from None
-    if scheduler is not None and len(sched_state["base_lrs"]) != len(scheduler.optimizer.param_groups):
-        raise CheckpointError(
-            f"{path}: the schedule was saved for {len(sched_state['base_lrs'])} param group(s), "
-            f"this one drives {len(scheduler.optimizer.param_groups)}"
-        )
-    model.load_state_dict(state)
+    if scheduler is not None:
+        try:
+            scheduler._check_state_dict(sched_state)
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{path}: the schedule state does not fit this {type(scheduler).__name__}: "
+                                  f"{err}") from None
+    generators = _check_generators(header.get("generators", {}), model, path)
+    # everything checked: from here on nothing can fail half-way
+    model._assign_state(prepared)
     if optimizer is not None:
         optimizer.load_state_dict(optim_state)
     if scheduler is not None:
         scheduler.load_state_dict(sched_state)
+    for rng, state in generators:
+        rng.bit_generator.state = state
     return meta

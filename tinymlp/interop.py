@@ -45,7 +45,9 @@ import json
 import math
 import os
 import re
+import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,7 @@ import numpy as np
 from .data.transforms import resize
 from .models import GMLP, AMLP, MLPMixer, ViT
 from .nn import Linear, init
+from .nn.module import value_problem
 
 __all__ = [
     "InteropError", "PickleRefusedError", "change_image_size", "conversion_command", "create_timm_model",
@@ -101,8 +104,12 @@ def _sniff(path) -> str:
     if head[:1] == b"\x80":                       # pickle protocol 2+ opcode
         return "pickle"
     if head[:4] == b"PK\x03\x04":                 # a zip: NumPy's .npz, or torch.save's zip of pickles
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError) as err:
+            raise InteropError(f"{path} is a damaged or truncated zip/.npz file (an incomplete download?): "
+                               f"{_first_line(err)}") from None
         if any(n.endswith(".pkl") for n in names):
             return "pickle"
         return "npz"
@@ -124,11 +131,20 @@ def read_weights(path) -> tuple[dict, dict]:
     if kind == "pickle" or (kind == "unknown" and path.suffix.lower() in PICKLED_SUFFIXES):
         _refuse_pickle(path)
     if kind == "npz":
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error) as err:
+            raise InteropError(f"{path} is damaged or truncated (an incomplete download?): {_first_line(err)}") \
+                from None
         meta = {}
         if "__tinymlp_meta__" in arrays:     # written by save_timm
-            meta = json.loads(arrays.pop("__tinymlp_meta__").tobytes().decode("utf-8"))
+            try:
+                meta = json.loads(arrays.pop("__tinymlp_meta__").tobytes().decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                meta = None
+            if not isinstance(meta, dict):
+                raise InteropError(f"{path}: its __tinymlp_meta__ entry is damaged (not a JSON object)")
         return arrays, meta
     if kind == "safetensors":
         return load_safetensors(path, with_metadata=True)
@@ -160,19 +176,111 @@ def save_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
 
 
 def load_safetensors(path, with_metadata: bool = False):
-    """name -> NumPy array from a .safetensors file (and its header metadata when asked)."""
+    """name -> NumPy array from a .safetensors file (and its header metadata when asked).
+
+    bfloat16 tensors (common for weights on the hub; NumPy has no bfloat16) are converted to
+    float32 exactly, with a note on stderr saying so. A truncated or damaged file raises one
+    ``InteropError`` naming it.
+    """
     stn, safe_open = _safetensors_numpy()
-    arrays = stn.load_file(str(path))
+    header = _safetensors_header(path)
+    bf16 = sorted(k for k, v in header.items() if k != "__metadata__" and isinstance(v, dict) and v.get("dtype") == "BF16")
+    try:
+        if bf16:
+            arrays = _read_safetensors_bf16(path, header)
+        else:
+            arrays = stn.load_file(str(path))
+    except InteropError:
+        raise
+    except Exception as err:   # SafetensorError and friends: one sentence, not the Rust message alone
+        raise InteropError(f"{path} is damaged or truncated (an incomplete download?): {_first_line(err)}") from None
+    if bf16:
+        print(f"note: {path}: {len(bf16)} bfloat16 tensor{'s' * (len(bf16) != 1)} converted to float32 "
+              "(NumPy has no bfloat16; the values are exact)", file=sys.stderr)
     if not with_metadata:
         return arrays
-    with safe_open(str(path), framework="numpy") as f:
-        meta = dict(f.metadata() or {})
+    meta = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
+    meta = {str(k): str(v) for k, v in meta.items()}
     if "tinymlp" in meta:
         try:
-            meta.update(json.loads(meta["tinymlp"]))
+            extra = json.loads(meta["tinymlp"])
         except ValueError:
-            pass
+            extra = None
+        if isinstance(extra, dict):
+            meta.update(extra)
     return arrays, meta
+
+
+def _first_line(err):
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+                      "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+
+
+def _safetensors_header(path):
+    """The JSON header of a .safetensors file (8-byte little-endian length, then JSON), checked
+    against the file's size; an InteropError naming the file when it is truncated or damaged."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise InteropError(f"{path} is truncated ({size} bytes, less than a .safetensors header)")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise InteropError(f"{path} is truncated or damaged: its header claims {n:,} bytes, the file has "
+                               f"{size - 8:,} after the length (an incomplete download?)")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise InteropError(f"{path}: its .safetensors header is not valid JSON (a damaged file?)") from None
+    if not isinstance(header, dict):
+        raise InteropError(f"{path}: its .safetensors header is not a JSON object (a damaged file?)")
+    data = size - 8 - n
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise InteropError(f"{path}: tensor {name!r} has a damaged entry in the .safetensors header")
+        if offsets[1] > data:
+            raise InteropError(f"{path} is truncated: tensor {name!r} ends at byte {offsets[1]:,} of the data, "
+                               f"which has {data:,} bytes (an incomplete download?)")
+    return header
+
+
+def _read_safetensors_bf16(path, header):
+    """Read a .safetensors file with bfloat16 tensors in NumPy alone, bfloat16 becoming float32
+    (its 16 bits are the top half of a float32: shifted left by 16, the value is exact)."""
+    with open(path, "rb") as f:
+        start = 8 + int.from_bytes(f.read(8), "little")
+        f.seek(start)
+        blob = f.read()
+    arrays = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, (lo, hi) = entry.get("dtype"), entry.get("shape"), entry["data_offsets"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise InteropError(f"{path}: tensor {name!r} has a damaged shape {shape!r} in the header")
+        count = math.prod(shape)
+        if dtype == "BF16":
+            if hi - lo != 2 * count:
+                raise InteropError(f"{path}: tensor {name!r} has {hi - lo} bytes for {count} bfloat16 values")
+            bits = np.frombuffer(blob, dtype="<u2", count=count, offset=lo).astype(np.uint32) << 16
+            arrays[name] = bits.view(np.float32).reshape(shape)
+        elif dtype in SAFETENSORS_DTYPES:
+            np_dtype = np.dtype(SAFETENSORS_DTYPES[dtype])
+            if hi - lo != np_dtype.itemsize * count:
+                raise InteropError(f"{path}: tensor {name!r} has {hi - lo} bytes for {count} {dtype} values")
+            arrays[name] = np.frombuffer(blob, dtype=np_dtype, count=count, offset=lo).reshape(shape).copy()
+        else:
+            raise InteropError(f"{path}: tensor {name!r} has dtype {dtype!r}, which tinymlp cannot read")
+    return arrays
 
 
 def _numpy(value) -> np.ndarray:
@@ -443,6 +551,14 @@ def _load_table(model, state, table, ignored, what, source_name, convert=_to_tin
             f"can hold ({'; '.join(parts)}). Variants with extra parts (layer scale, register tokens, "
             "fc_norm, q/k norms, a representation layer, ...) have no tinymlp counterpart."
         )
+    dtypes = {k: t.dtype for k, t in model._state_tensors().items()}
+    invalid = [(name, why) for ours, theirs, _ in table for name in _names(theirs)
+               if (why := value_problem(state[name], dtypes.get(ours, np.float32))) is not None]
+    if invalid:
+        shown = "; ".join(f"{name} {why}" for name, why in invalid[:3])
+        more = f" (and {len(invalid) - 3} more)" if len(invalid) > 3 else ""
+        raise InteropError(f"{what}: {len(invalid)} weight{'s' * (len(invalid) != 1)} cannot be loaded into "
+                           f"{type(model).__name__}: {shown}{more}; nothing was loaded")
     converted = {}
     for ours, theirs, layout in table:      # a tuple of names: one array built from several (Flax q, k, v)
         value = tuple(np.asarray(state[n]) for n in theirs) if isinstance(theirs, tuple) else np.asarray(state[theirs])
@@ -535,10 +651,16 @@ def create_timm_model(model):
     """
     import functools
 
-    import torch
-    from timm.layers import GatedMlp
-    from timm.models.mlp_mixer import MlpMixer, SpatialGatingBlock
-    from timm.models.vision_transformer import VisionTransformer
+    try:
+        import torch
+        from timm.layers import GatedMlp
+        from timm.models.mlp_mixer import MlpMixer, SpatialGatingBlock
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError as err:
+        missing = getattr(err, "name", None) or "torch"
+        raise ImportError(f"create_timm_model builds a PyTorch model and needs torch and timm ({missing} is not "
+                          "installed): pip install torch timm; to move weights without them, use to_timm(model) "
+                          "or save_timm(model, path)") from None
 
     family = _family_of_model(model)
     c = model.config

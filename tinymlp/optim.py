@@ -33,6 +33,7 @@ from . import fast
 from .autograd import mark_written
 from .backend import array_module, device_of, to_device
 from .fast import optim as fast_optim
+from .nn.module import value_problem
 from .tensor import Tensor
 
 __all__ = [
@@ -59,6 +60,16 @@ def check_hyperparameter(owner, name, value, low=0.0, high=None, low_open=False,
     if too_low or too_high:
         raise ValueError(f"{owner}: {name}={value!r} is out of range; {expected}")
     return number
+
+
+def _is_count(value) -> bool:
+    """An integer >= 0 (a step count, an index), not a bool or a float."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 0
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def _as_param_list(params, what="params"):
@@ -156,6 +167,11 @@ class Optimizer:
                 check_hyperparameter(name, f"betas[{i}]", beta, 0.0, 1.0, high_open=True)
         if "eps" in group:
             check_hyperparameter(name, "eps", group["eps"], 0.0, low_open=True)
+        if "nesterov" in group:
+            if not isinstance(group["nesterov"], (bool, np.bool_)):
+                raise TypeError(f"{name}: nesterov must be True or False, got {group['nesterov']!r}")
+            if group["nesterov"] and group.get("momentum", 0) <= 0:
+                raise ValueError(f"{name}: nesterov=True needs a momentum > 0")
 
     @property
     def lr(self) -> float:
@@ -243,8 +259,18 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def _check_state_dict(self, state_dict):
-        """Raise a ValueError listing what does not fit; return ``{index: (group, i)}``."""
+        """Raise a ValueError listing what does not fit; return ``{index: (group, i)}``.
+
+        Checked as the constructor checks its arguments: the structure, every saved
+        hyperparameter (a finite lr >= 0, betas in [0, 1), eps > 0, ...; no name this
+        optimizer does not know), every step count (an integer >= 0) and every state array
+        (the parameter's shape, floating point, finite; Adam's second moment >= 0).
+        """
         name = type(self).__name__
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list) \
+                or not isinstance(state_dict.get("state"), dict):
+            raise ValueError(f"{name}.load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' "
+                             f"(a list), as state_dict() returns; got {_describe(state_dict)}")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(
@@ -253,27 +279,56 @@ class Optimizer:
             )
         where, problems = {}, []
         for gi, (saved, group) in enumerate(zip(groups, self.param_groups)):
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
+                problems.append(f"group {gi}: not a dict with a 'params' list ({_describe(saved)})")
+                continue
+            unknown = sorted(set(saved) - set(self.defaults) - {"params"})
+            if unknown:
+                problems.append(f"group {gi}: {', '.join(map(repr, unknown))} (not a hyperparameter of {name})")
+            try:
+                self._check_hyper({**group, **{k: v for k, v in saved.items() if k in self.defaults}})
+            except (TypeError, ValueError) as err:
+                problems.append(f"group {gi}: {err}")
             if len(saved["params"]) != len(group["params"]):
                 problems.append(
                     f"group {gi}: {len(saved['params'])} parameters in the state, {len(group['params'])} here"
                 )
                 continue
             for i, index in enumerate(saved["params"]):
+                if not _is_count(index):
+                    problems.append(f"group {gi}: parameter index {index!r} is not an integer >= 0")
+                    continue
                 where[int(index)] = (gi, i)
         for key, entry in state_dict["state"].items():
-            if int(key) not in where:
-                problems.append(f"state for parameter {key}, which no group lists")
+            index = int(key) if _is_count(key) or (isinstance(key, str) and key.isdigit()) else None
+            if index is None or index not in where:
+                problems.append(f"state for parameter {key!r}, which no group lists")
                 continue
-            gi, i = where[int(key)]
+            if not isinstance(entry, dict):
+                problems.append(f"parameter {key}: its state is {_describe(entry)}, not a dict")
+                continue
+            gi, i = where[index]
             group = self.param_groups[gi]
             names = set(self.state_names({**group, **groups[gi], "params": None}))
             have = set(entry) - {"step"}
             if have != names:
                 problems.append(f"parameter {key}: state has {sorted(have)}, {name} needs {sorted(names)}")
+            if not _is_count(entry.get("step")):
+                problems.append(f"parameter {key}: step {entry.get('step')!r} is not an integer >= 0")
             shape = tuple(group["params"][i].shape)
             for n in sorted(have & names):
-                if tuple(entry[n].shape) != shape:
-                    problems.append(f"parameter {key}: {n} has shape {tuple(entry[n].shape)}, parameter {shape}")
+                value = entry[n]
+                if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+                    problems.append(f"parameter {key}: {n} is {_describe(value)}, not an array")
+                    continue
+                if tuple(value.shape) != shape:
+                    problems.append(f"parameter {key}: {n} has shape {tuple(value.shape)}, parameter {shape}")
+                    continue
+                why = value_problem(value, group["params"][i].dtype)
+                if why is None and n == "exp_avg_sq" and bool((array_module(value).asarray(value) < 0).any()):
+                    why = "has negative entries (a second moment is a mean of squares)"
+                if why is not None:
+                    problems.append(f"parameter {key}: {n} {why}")
         if problems:
             raise ValueError(f"{name}.load_state_dict: the state does not fit:\n  " + "\n  ".join(problems))
         return where
@@ -392,15 +447,7 @@ class LRSchedule:
     """
 
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0):
-        name = type(self).__name__
-        check_hyperparameter(name, "total_steps", total_steps, 0, low_open=True)
-        check_hyperparameter(name, "warmup_steps", warmup_steps, 0)
-        check_hyperparameter(name, "min_lr", min_lr, 0)
-        if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
-            raise ValueError(
-                f"{type(self).__name__}: need 0 <= warmup_steps <= total_steps and total_steps > 0, "
-                f"got warmup_steps={warmup_steps}, total_steps={total_steps}"
-            )
+        self._check_settings(type(self).__name__, warmup_steps, total_steps, min_lr)
         self.optimizer = optimizer
         self.warmup_steps, self.total_steps, self.min_lr = int(warmup_steps), int(total_steps), float(min_lr)
         self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
@@ -436,12 +483,40 @@ class LRSchedule:
             "warmup_steps": self.warmup_steps, "total_steps": self.total_steps, "min_lr": self.min_lr,
         }
 
-    def load_state_dict(self, state):
-        if len(state["base_lrs"]) != len(self.optimizer.param_groups):
+    @staticmethod
+    def _check_settings(name, warmup_steps, total_steps, min_lr):
+        check_hyperparameter(name, "total_steps", total_steps, 0, low_open=True)
+        check_hyperparameter(name, "warmup_steps", warmup_steps, 0)
+        check_hyperparameter(name, "min_lr", min_lr, 0)
+        if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
             raise ValueError(
-                f"{type(self).__name__}.load_state_dict: {len(state['base_lrs'])} base lrs for "
-                f"{len(self.optimizer.param_groups)} param groups"
+                f"{name}: need 0 <= warmup_steps <= total_steps and total_steps > 0, "
+                f"got warmup_steps={warmup_steps}, total_steps={total_steps}"
             )
+
+    def _check_state_dict(self, state):
+        """A ValueError (or TypeError) naming what is wrong with ``state``, checked as the
+        constructor checks its arguments: nothing is changed until it passes."""
+        name = f"{type(self).__name__}.load_state_dict"
+        keys = ("step_count", "base_lrs", "warmup_steps", "total_steps", "min_lr")
+        if not isinstance(state, dict) or any(k not in state for k in keys):
+            raise ValueError(f"{name}: expected a dict with {', '.join(keys)}, as state_dict() returns; "
+                             f"got {_describe(state)}")
+        for k in ("step_count", "warmup_steps", "total_steps"):
+            if not _is_count(state[k]):
+                raise ValueError(f"{name}: {k}={state[k]!r} is not an integer >= 0")
+        self._check_settings(name, state["warmup_steps"], state["total_steps"], state["min_lr"])
+        if not isinstance(state["base_lrs"], (list, tuple)) or len(state["base_lrs"]) != len(self.optimizer.param_groups):
+            raise ValueError(
+                f"{name}: {_describe(state['base_lrs'])} as base lrs for {len(self.optimizer.param_groups)} "
+                "param group(s); expected one lr per group"
+            )
+        for i, lr in enumerate(state["base_lrs"]):
+            check_hyperparameter(name, f"base_lrs[{i}]", lr)
+
+    def load_state_dict(self, state):
+        """Restore ``state_dict()``'s values (checked first: nothing changes on error)."""
+        self._check_state_dict(state)
         self.step_count = int(state["step_count"])
         self.base_lrs = [float(b) for b in state["base_lrs"]]
         self.warmup_steps, self.total_steps = int(state["warmup_steps"]), int(state["total_steps"])

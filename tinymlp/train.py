@@ -1,5 +1,9 @@
 """The training loop: ``fit`` and ``evaluate``, with tqdm progress bars and a ``History``.
 
+Progress bars are on when stderr is a terminal or the code runs in a Jupyter notebook
+(widgets there, as ``tqdm.auto`` draws them), off in logs and pipes; ``progress=True/False``
+decides for itself.
+
     history = fit(model, optimizer, train_loader, val_loader, epochs=10,
                   scheduler=sched, clip=1.0, callbacks=[save_checkpoint])
     test_loss, test_acc = evaluate(model, test_loader)
@@ -105,17 +109,18 @@ def _plain(value):
     return np.asarray(value).item()
 
 
-def format_epoch(history: History, total_epochs=None, val_name="val") -> str:
+def format_epoch(history: History, total_epochs=None, val_name="val", unit="img") -> str:
     """One line describing the last epoch of ``history`` (for logs and ``--no-progress`` runs).
 
-    ``val_name`` is the word for the held-out split ("test" when it is the dataset's test set).
+    ``val_name`` is the word for the held-out split ("test" when it is the dataset's test set);
+    ``unit`` the word for one training example in the throughput ("img/s"; "samples/s" for text).
     """
     r = history.last()
     of = f"/{total_epochs}" if total_epochs else ""
     text = f"epoch {r['epoch']}{of}: train loss {r['train_loss']:.4f} acc {100 * r['train_acc']:.2f}%"
     if r["val_loss"] is not None:
         text += f" | {val_name} loss {r['val_loss']:.4f} acc {100 * r['val_acc']:.2f}%"
-    return text + f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} img/s | {r['epoch_time']:.1f} s"
+    return text + f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} {unit}/s | {r['epoch_time']:.1f} s"
 
 
 # ---------------------------------------------------------------------- metrics on the device
@@ -162,14 +167,36 @@ def _to_host(*scalars):
 
 # ---------------------------------------------------------------------- progress bars
 def _progress_enabled(progress) -> bool:
-    """``None`` means: bars only when stderr is a terminal (not in logs, CI or pipes)."""
+    """``None`` means: bars when someone watches: stderr is a terminal, or the code runs in a
+    Jupyter notebook (tqdm.auto draws widgets there); not in logs, CI or pipes."""
     if progress is None:
-        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+        return bool(getattr(sys.stderr, "isatty", lambda: False)()) or _in_notebook()
     return bool(progress)
 
 
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (IPython's ZMQ shell), without importing IPython."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if get is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
 def _bar(show, **kwargs):
-    return tqdm(disable=not show, dynamic_ncols=True, **kwargs)
+    return _tqdm_class()(disable=not show, dynamic_ncols=True, **kwargs)
+
+
+def _tqdm_class():
+    """tqdm.auto's choice: widgets in a Jupyter notebook that has ipywidgets, text elsewhere
+    (and in a notebook without ipywidgets, where tqdm.auto would warn and fall back to text)."""
+    if _in_notebook():
+        try:
+            from tqdm.notebook import IProgress, tqdm as notebook_tqdm
+        except ImportError:
+            return tqdm
+        if IProgress is not None:
+            return notebook_tqdm
+    return tqdm
 
 
 def _num_batches(loader, limit_batches):
@@ -227,7 +254,7 @@ def evaluate(model, loader, limit_batches=None, loss_fn=F.cross_entropy, device=
 # ---------------------------------------------------------------------- fit
 def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=None, clip=None,
         device=None, callbacks=(), progress=None, limit_batches=None, loss_fn=F.cross_entropy,
-        start_epoch=0, history=None, sync_every=SYNC_EVERY, val_name="val") -> History:
+        start_epoch=0, history=None, sync_every=SYNC_EVERY, val_name="val", unit="img") -> History:
     """Train ``model`` until ``epochs`` epochs are done in total; return the ``History``.
 
     - ``epochs`` counts from the start of the run: with ``start_epoch=k`` (k epochs already done,
@@ -239,14 +266,16 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
       model there before building the optimizer.
     - ``callbacks``: callables ``cb(epoch, history)`` run after each epoch, ``epoch`` being the
       number of epochs done (1, 2, ...): checkpointing, logging, plots.
-    - ``progress``: True, False, or None for "when stderr is a terminal". Two tqdm bars: the
-      epochs, and the batches of the current epoch with the running loss, accuracy and lr.
+    - ``progress``: True, False, or None for "when stderr is a terminal or in a Jupyter
+      notebook". Two tqdm bars (widgets in a notebook, as ``tqdm.auto``): the epochs, and the
+      batches of the current epoch with the running loss, accuracy and lr.
       Without bars nothing is printed (log with a callback, e.g. ``format_epoch``).
     - ``limit_batches``: at most this many batches per epoch, for training and validation
       (smoke runs).
     - ``sync_every``: batches between two reads of the running metrics (see the module docstring).
     - ``val_name``: the word the progress output uses for ``val_loader``'s split ("test" when
-      it is the dataset's test set).
+      it is the dataset's test set); ``unit``: its word for one training example ("img" gives
+      "img/s"; "samples" for text).
 
     A loss that becomes NaN or infinite stops training with a FloatingPointError that says
     when (it is noticed at the next read of the metrics). A validation loss that is NaN or
@@ -308,7 +337,7 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                 images_per_sec=running.count / train_time if train_time > 0 else math.nan, steps=steps,
             )
             if show:
-                epoch_bar.write(format_epoch(history, epochs, val_name))
+                epoch_bar.write(format_epoch(history, epochs, val_name, unit))
                 epoch_bar.set_postfix(_postfix(history.last(), val_name), refresh=False)
                 epoch_bar.update(1)
             for callback in callbacks:

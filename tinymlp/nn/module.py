@@ -29,10 +29,11 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from ..backend import DEFAULT_FLOAT, is_float_dtype, to_device
+from ..autograd import mark_written
+from ..backend import DEFAULT_FLOAT, array_module, is_float_dtype, to_device
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter", "StateDictError"]
+__all__ = ["Module", "Parameter", "StateDictError", "value_problem"]
 
 
 class Parameter(Tensor):
@@ -59,13 +60,18 @@ class StateDictError(RuntimeError):
 
     Attributes: ``missing`` (keys the module has and the state lacks), ``unexpected`` (keys
     the state has and the module lacks), ``mismatched`` (``(key, module_shape, state_shape)``),
-    as returned by ``Module.state_mismatches``. The message names the module's class
-    (``model``) and the state (``source``, e.g. "state dict" or "checkpoint"), after ``where``.
+    as returned by ``Module.state_mismatches``, and ``invalid`` (``(key, reason)`` for each value
+    that has the right shape but cannot be loaded: integers, booleans or complex numbers for a
+    float parameter, NaN or infinite values, a value that overflows the parameter's dtype).
+    The message names the module's class (``model``) and the state (``source``, e.g. "state
+    dict" or "checkpoint"), after ``where``.
     """
 
-    def __init__(self, model: str, missing, unexpected, mismatched, source: str = "state dict", where: str = ""):
+    def __init__(self, model: str, missing, unexpected, mismatched, source: str = "state dict", where: str = "",
+                 invalid=()):
         self.missing, self.unexpected, self.mismatched = list(missing), list(unexpected), list(mismatched)
-        n = len(self.missing) + len(self.unexpected) + len(self.mismatched)
+        self.invalid = list(invalid)
+        n = len(self.missing) + len(self.unexpected) + len(self.mismatched) + len(self.invalid)
         lines = [f"{where}the {source} does not fit this {model} ({n} problem{'s' * (n != 1)}):"]
         if self.missing:
             lines.append(f"  missing keys (in the model, not in the {source}): {len(self.missing)}")
@@ -76,7 +82,61 @@ class StateDictError(RuntimeError):
         if self.mismatched:
             lines.append(f"  wrongly shaped keys: {len(self.mismatched)}")
             lines += [f"    {k}: {source} {s}, model {m}" for k, m, s in self.mismatched]
+        if self.invalid:
+            lines.append(f"  values that cannot be loaded: {len(self.invalid)}")
+            lines += [f"    {k}: {why}" for k, why in self.invalid]
         super().__init__("\n".join(lines))
+
+
+def value_problem(value, dtype) -> str | None:
+    """Why the array ``value`` cannot be loaded into a tensor of ``dtype``, or None if it can.
+
+    A float tensor takes floating-point values only (float16/32/64), every one finite and
+    within the range of ``dtype``: integer weights (a quantized int8 checkpoint), booleans and
+    complex numbers are refused with the reason, since casting them would load numbers the
+    model was never trained with. An integer tensor takes integers (or booleans) that fit it.
+    """
+    raw = _raw(value)
+    got = getattr(raw, "dtype", None)
+    if got is None:
+        try:
+            raw = np.asarray(raw)
+        except (TypeError, ValueError) as err:
+            return f"not an array ({type(value).__name__}: {err})"
+        got = raw.dtype
+    got, dtype = np.dtype(got), np.dtype(dtype)
+    if got.kind not in "biufc":
+        return f"holds {got} values, not numbers"
+    if got.kind == "c":
+        return f"holds complex numbers ({got}); a real tensor would silently drop their imaginary parts"
+    if dtype.kind == "f":
+        if got.kind == "b":
+            return "holds booleans, not the floating-point values of a weight"
+        if got.kind in "iu":
+            return (f"holds integers ({got}): a quantized or integer weight; dequantize it to floating point "
+                    "(value * scale) before loading it")
+        xp = array_module(raw)
+        finite = xp.isfinite(raw)
+        if not bool(finite.all()):
+            bad = int(raw.size - int(xp.count_nonzero(finite)))
+            return f"holds {bad} NaN or infinite value{'s' * (bad != 1)} (of {raw.size})"
+        if got.itemsize > dtype.itemsize and raw.size:
+            biggest = float(xp.abs(raw).max())
+            if biggest > float(np.finfo(dtype).max):
+                return f"holds {biggest:.3g}, beyond the largest {dtype} ({np.finfo(dtype).max:.3g})"
+        return None
+    if dtype.kind in "iu":
+        if got.kind == "f":
+            return f"holds floating-point values ({got}), not the integers of this {dtype} buffer"
+        if raw.size and got.kind != "b":
+            info = np.iinfo(dtype)
+            lo, hi = int(raw.min()), int(raw.max())
+            if lo < info.min or hi > info.max:
+                return f"holds values in [{lo}, {hi}], outside the range of {dtype}"
+        return None
+    if dtype.kind == "b" and got.kind != "b":
+        return f"holds {got} values, not booleans"
+    return None
 
 
 class LoadResult(NamedTuple):
@@ -300,18 +360,42 @@ class Module:
     def load_state_dict(self, state, strict: bool = True) -> LoadResult:
         """Copy ``state`` (name -> array or Tensor) into the parameters and buffers, in place.
 
-        Nothing is changed unless everything fits: any wrongly shaped key, and with
-        ``strict=True`` any missing or unexpected key, raises a ``StateDictError`` that lists
-        all of them. Values are cast to each parameter's dtype and moved to its device.
+        All or nothing: every value is checked, cast to its tensor's dtype and moved to its
+        device before any tensor changes. Any wrongly shaped key, any value that
+        ``value_problem`` refuses (integer, boolean or complex values for a float parameter,
+        NaN or infinite values, values that overflow the dtype), and with ``strict=True`` any
+        missing or unexpected key, raises a ``StateDictError`` that lists all of them.
         """
+        prepared, result = self._prepare_state(state, strict)
+        self._assign_state(prepared)
+        return result
+
+    def _prepare_state(self, state, strict=True, error=None):
+        """``({key: value ready to copy}, LoadResult)``, or the StateDictError (built by ``error``,
+        e.g. a checkpoint's subclass, from ``(missing, unexpected, mismatched, invalid)``)."""
         missing, unexpected, mismatched = self.state_mismatches(state)
-        if mismatched or (strict and (missing or unexpected)):
-            raise StateDictError(type(self).__name__, missing, unexpected, mismatched)
+        wrong = {k for k, _, _ in mismatched}
+        prepared, invalid = {}, []
         for k, t in self._state_tensors().items():
-            if k in state:
-                value = to_device(_raw(state[k]), t.device)
-                t.data[...] = value.astype(t.dtype, copy=False)
-        return LoadResult(missing, unexpected)
+            if k not in state or k in wrong:
+                continue
+            why = value_problem(state[k], t.dtype)
+            if why is not None:
+                invalid.append((k, why))
+                continue
+            prepared[k] = to_device(_raw(state[k]), t.device).astype(t.dtype, copy=False)
+        if mismatched or invalid or (strict and (missing or unexpected)):
+            if error is None:
+                raise StateDictError(type(self).__name__, missing, unexpected, mismatched, invalid=invalid)
+            raise error(missing, unexpected, mismatched, invalid)
+        return prepared, LoadResult(missing, unexpected)
+
+    def _assign_state(self, prepared):
+        own = self._state_tensors()
+        for k, value in prepared.items():
+            t = own[k]
+            t.data[...] = value
+            mark_written(t)       # a graph that saved the old values can no longer run backward
 
     # ------------------------------------------------------------------ printing
     def extra_repr(self) -> str:
