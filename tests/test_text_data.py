@@ -121,6 +121,16 @@ def test_zip_member_outside_the_folder_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "evil.txt").exists()
 
 
+def test_a_data_file_that_is_not_utf8_names_the_file_and_line(tmp_path, monkeypatch, no_network):
+    archive = tmp_path / "SST-2.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("SST-2/train.tsv", b"sentence\tlabel\ngood \t1\nbad \xff\xfe \t0\n")
+        zf.writestr("SST-2/dev.tsv", "sentence\tlabel\nfine \t1\n")
+    use(monkeypatch, "sst2", archive)
+    with pytest.raises(DatasetError, match=r"train\.tsv, line 3: the bytes are not UTF-8"):
+        SST2(root=tmp_path, download=False)
+
+
 def test_order_task_needs_word_order():
     ds = OrderTask(400, seq_words=10, seed=1)
     assert ds.labels.mean() == pytest.approx(0.5, abs=0.1)

@@ -297,6 +297,16 @@ def _lines(path):
     return path.read_bytes().decode("latin-1").splitlines()
 
 
+def _utf8_lines(path, folder):
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DatasetError(f"{path}, line {line}: the bytes are not UTF-8 (the file is corrupted); delete "
+                           f"{folder} and run again with download=True.") from None
+
+
 def _check_files(spec, folder, fix):
     for name, count in spec.files.items():
         path = folder / name
@@ -333,7 +343,7 @@ class SST2(TextDataset):
         spec = TEXT_ARCHIVES["sst2"]
         self.root = prepare_text(spec, root, download, progress)
         path = self.root / ("train.tsv" if train else "dev.tsv")
-        rows = path.read_text(encoding="utf-8").splitlines()
+        rows = _utf8_lines(path, self.root)
         if not rows or rows[0].split("\t") != ["sentence", "label"]:
             raise DatasetError(f"{path}: expected the header 'sentence<TAB>label'. Delete {self.root} and "
                                f"run again with download=True.")
