@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import sys
 import unicodedata
@@ -47,6 +46,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from .files import atomic_write
 
 __all__ = ["PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "Tokenizer"]
 
@@ -206,12 +207,10 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ files
     def save(self, path) -> None:
-        """Write the vocabulary as JSON (atomically: a temporary file renamed into place)."""
-        path = Path(path)
-        payload = {"format": FORMAT, "version": 1, "lowercase": self.lowercase, "vocab": self.vocab}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        """Write the vocabulary as JSON, one piece a line (atomically, by ``tinymlp.files.atomic_write``:
+        a folder, a missing or read-only folder, a read-only file are refused naming the path)."""
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=0) + "\n"
+        atomic_write(path, lambda f: f.write(text), what="Tokenizer.save", binary=False)
 
     @classmethod
     def load(cls, path):
