@@ -11,7 +11,7 @@ Three steps turn text into ids:
 1. **Words.** Normalise the text to Unicode NFKC (so that "ﬁ", full-width "Ａ" and a letter
    written with a separate combining accent all read as the usual characters; the vocabulary
    learned and the text cut with it are normalised alike), lowercase it (``lowercase=True``),
-   then split it into words and single punctuation marks (the regular expression of ``_pattern``):
+   then split it into words and single punctuation marks (``_words``):
    a word is a run of letters, digits, "_" and combining marks, so accents, Devanagari vowel signs
    and viramas stay with their letters; each CJK ideograph is a word of its own, as in BERT's
    basic tokenizer (Chinese is written without spaces; kana and Hangul stay in runs); any other
@@ -278,27 +278,47 @@ def _line_of(text, index):
     return f", line {k + 1}" if k < len(lines) and lines[start].rstrip().endswith("[") else ""
 
 
+_ASCII = re.compile(r"\w+|[^\w\s]", re.ASCII)
+_ASCII_SPECIAL = re.compile(rf"{SPECIAL}|\w+|[^\w\s]", re.ASCII)
+_CJK = re.compile(f"[{CJK}]")
+_CJK_SPLIT = re.compile(f"[{CJK}]|[^{CJK}]+")
+
+
 @functools.lru_cache(maxsize=2)
 def _pattern(special_tokens):
-    """Words (letters, digits, "_" and combining marks), single CJK ideographs, single punctuation
-    marks; with ``special_tokens``, the special tokens written whole first. Built on first use:
-    the combining marks (Unicode categories Mn, Mc, Me) are read from ``unicodedata``."""
-    marks = "".join(re.escape(chr(c)) for c in range(sys.maxunicode + 1)
-                    if unicodedata.category(chr(c)).startswith("M"))
-    word = rf"(?:[^\W{CJK}]|[{marks}])+"
-    parts = ([SPECIAL] if special_tokens else []) + [word, f"[{CJK}]", r"[^\w\s]"]
-    return re.compile("|".join(parts))
+    """Words (runs of letters, digits, "_" and combining marks) and single punctuation marks; with
+    ``special_tokens``, the special tokens written whole first. Built on first use: the combining
+    marks (Unicode categories Mn, Mc, Me) are read from ``unicodedata``, as ranges."""
+    ranges, start = [], None
+    for c in range(sys.maxunicode + 2):
+        mark = c <= sys.maxunicode and unicodedata.category(chr(c)).startswith("M")
+        if mark and start is None:
+            start = c
+        elif not mark and start is not None:
+            ranges.append(re.escape(chr(start)) + ("" if c - 1 == start else "-" + re.escape(chr(c - 1))))
+            start = None
+    word = rf"[\w{''.join(ranges)}]+"
+    return re.compile("|".join(([SPECIAL] if special_tokens else []) + [word, r"[^\w\s]"]))
 
 
 def _words(text, lowercase, special_tokens=False):
+    """``text`` normalised, lowercased and split into words and punctuation marks, each CJK
+    ideograph a word of its own."""
     if not isinstance(text, str):
         raise TypeError(f"Tokenizer: expected a str, got {type(text).__name__}")
-    text = unicodedata.normalize(NORMAL_FORM, text)
-    if lowercase and special_tokens:
+    plain = text.isascii()                       # ASCII is already NFKC, without marks or CJK: a faster path
+    if not plain:
+        text = unicodedata.normalize(NORMAL_FORM, text)
+    if lowercase and special_tokens:             # lowercase all but the special tokens
         text = re.sub(rf"{SPECIAL}|[^\[]+|\[", lambda m: m.group() if m.group() in SPECIAL_TOKENS else m.group().lower(), text)
     elif lowercase:
         text = text.lower()
-    return _pattern(bool(special_tokens)).findall(text)
+    if plain:
+        return (_ASCII_SPECIAL if special_tokens else _ASCII).findall(text)
+    words = _pattern(bool(special_tokens)).findall(text)
+    if _CJK.search(text):                        # one word per ideograph, as BERT's basic tokenizer
+        words = [part for w in words for part in (_CJK_SPLIT.findall(w) if _CJK.search(w) else (w,))]
+    return words
 
 
 def _merge(word, a, b, merged):
