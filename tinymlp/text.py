@@ -64,7 +64,12 @@ FORMAT = "tinymlp-wordpiece"
 
 
 class Tokenizer:
-    """Text <-> token ids with a fixed vocabulary (a list of pieces; the id is the position)."""
+    """Text <-> token ids with a fixed vocabulary (a list of pieces; the id is the position).
+
+    Text is normalised to Unicode NFKC before it is cut (NFKC rather than NFC: compatibility
+    forms such as ligatures and full-width letters become the characters they stand for, so a
+    copy-pasted "ﬁlm" is the word "film"; the price is that "²" reads as "2"). Written "[SEP]"
+    or "[MASK]" are text unless ``special_tokens=True`` (``tokenize``, ``encode``)."""
 
     def __init__(self, vocab, lowercase: bool = True):
         vocab = list(vocab)
