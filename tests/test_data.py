@@ -7,6 +7,7 @@ patched to their URLs, MD5s and record counts.
 
 import dataclasses
 import functools
+import gzip
 import hashlib
 import http.server
 import io
@@ -300,6 +301,78 @@ def test_path_traversal_member_is_refused(tmp_path, monkeypatch, kind):
     assert "outside" in str(err.value)
     assert tree(root) == []
     assert not (tmp_path / "data" / "escaped.txt").exists() and not (tmp_path / "escaped.txt").exists()
+
+
+def test_an_archive_with_too_many_members_is_refused(tmp_path, monkeypatch):
+    empty = [(tarfile.TarInfo(f"cifar-10-batches-bin/x{i}"), b"") for i in range(1001)]    # default bound: 1000
+    tiny = make_tiny(tmp_path, "cifar10", extra=empty)
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    root = tmp_path / "data"
+    with pytest.raises(DatasetError, match=r"cifar-10-binary\.tar\.gz was refused: it holds more than 1,000 "
+                                           r"members, which CIFAR-10 does not \(a crafted archive\); nothing was extracted"):
+        CIFAR10(root=root, progress=False)
+    assert tree(root) == []
+
+
+def test_an_archive_that_unpacks_to_too_many_bytes_is_refused_before_writing(tmp_path, monkeypatch):
+    bomb = tarfile.TarInfo("cifar-10-batches-bin/huge.bin")
+    bomb.size = 2 << 30                                   # the header says 2 GiB; the data is not even there
+    archive = tmp_path / "serve" / "cifar-10-binary.tar.gz"
+    archive.parent.mkdir()
+    archive.write_bytes(gzip.compress(bomb.tobuf(tarfile.GNU_FORMAT) + b"\0" * 1024))
+    spec = dataclasses.replace(ARCHIVES["cifar10"], urls=(archive.as_uri(),),
+                               md5=hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setitem(ARCHIVES, "cifar10", spec)
+    root = tmp_path / "data"
+    with pytest.raises(DatasetError, match=r"its members would unpack to more than 1,073,741,824 bytes"):
+        CIFAR10(root=root, progress=False)
+    assert tree(root) == []
+    tiny = make_tiny(tmp_path, "cifar10")                 # the bound is the spec's: a real one over it
+    use(monkeypatch, "cifar10", tiny.spec, max_unpacked=10_000)
+    with pytest.raises(DatasetError, match=r"more than 10,000 bytes"):
+        CIFAR10(root=root, progress=False)
+    assert tree(root) == []
+
+
+def test_a_data_path_that_is_a_file_is_named(tmp_path, monkeypatch, no_network):
+    tiny = make_tiny(tmp_path, "cifar10")
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"not a folder")
+    for download in (True, False):
+        with pytest.raises(DatasetError, match=rf"the data folder {data} is a file, not a folder: pass a folder"):
+            CIFAR10(root=data, download=download)
+    with pytest.raises(DatasetError, match=rf"cannot create the data folder {data / 'cache'} \("):
+        CIFAR10(root=data / "cache")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "cifar-10-batches-bin").write_text("oops")
+    with pytest.raises(DatasetError, match=r"cifar-10-batches-bin is a file where the unpacked CIFAR-10 folder belongs"):
+        CIFAR10(root=root)
+    assert data.read_bytes() == b"not a folder" and tree(root) == ["cifar-10-batches-bin"]
+
+
+def test_a_read_only_data_folder_is_named_not_blamed_on_the_network(tmp_path, monkeypatch):
+    # CI runs as root, who may write anywhere: the folder's refusal is simulated where the OS gives it
+    from tinymlp.data import cifar
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    tiny = make_tiny(tmp_path, "cifar10")
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    root = tmp_path / "data"
+    root.mkdir()
+    monkeypatch.setattr(cifar.tempfile, "mkstemp", denied)
+    with pytest.raises(DatasetError, match=rf"^cannot write in the data folder {root} \(Permission denied\): "
+                                           r"make it writable, or pass another folder") as err:
+        CIFAR10(root=root, progress=False)
+    assert "network" not in str(err.value) and tree(root) == []
+    (root / tiny.spec.filename).write_bytes(tiny.archive.read_bytes())     # the archive is there: unpacking
+    monkeypatch.setattr(cifar.tempfile, "mkdtemp", denied)
+    with pytest.raises(DatasetError, match=rf"cannot unpack {root / tiny.spec.filename}: cannot write in the data folder"):
+        CIFAR10(root=root, progress=False)
+    assert tree(root) == [tiny.spec.filename]
 
 
 def test_truncated_record_file_is_named(tmp_path, monkeypatch, no_network):

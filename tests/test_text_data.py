@@ -121,6 +121,51 @@ def test_zip_member_outside_the_folder_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "evil.txt").exists()
 
 
+def test_the_polarity_archive_without_md5_is_read_with_a_size_limit(tmp_path, monkeypatch):
+    assert TEXT_ARCHIVES["polarity"].md5 is None and TEXT_ARCHIVES["polarity"].max_size == 8 << 20
+    serve = tmp_path / "serve"
+    serve.mkdir()
+    archive = polarity_archive(serve)
+    with open(archive, "ab") as f:                      # a server that sends far more than the archive
+        f.write(b"\0" * 20_000)
+    use(monkeypatch, "polarity", archive, md5=None, max_size=10_000)
+    with pytest.raises(DatasetError, match=r"downloading sentence polarity v1\.0 from file:.* was stopped: it is "
+                                           r"larger than 10,000 bytes.*nothing was kept"):
+        SentencePolarity(root=tmp_path / "a", progress=False)
+    assert list((tmp_path / "a").iterdir()) == []
+    (tmp_path / "b").mkdir()                            # the same archive found in the data folder
+    (tmp_path / "b" / archive.name).write_bytes(archive.read_bytes())
+    with pytest.raises(DatasetError, match=r"rt-polaritydata\.tar\.gz was refused: it is 2\d,\d{3} bytes, more than "
+                                           r"the 10,000 that sentence polarity v1\.0 can be"):
+        SentencePolarity(root=tmp_path / "b", download=False)
+
+
+def test_a_zip_with_too_many_members_or_bytes_is_refused(tmp_path, monkeypatch):
+    archive = tmp_path / "serve" / "SST-2.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("SST-2/train.tsv", "sentence\tlabel\n" + "a fine film \t1\n" * 5000)   # 80 kB, deflates to little
+        zf.writestr("SST-2/dev.tsv", "sentence\tlabel\n")
+    use(monkeypatch, "sst2", archive, max_unpacked=50_000)
+    with pytest.raises(DatasetError, match=r"SST-2\.zip was refused: its members would unpack to more than 50,000 bytes"):
+        SST2(root=tmp_path / "a", progress=False)
+    assert list((tmp_path / "a").iterdir()) == []
+    use(monkeypatch, "sst2", archive, max_members=1, max_unpacked=1 << 30)
+    with pytest.raises(DatasetError, match=r"SST-2\.zip was refused: it holds more than 1 members"):
+        SST2(root=tmp_path / "b", progress=False)
+    assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_a_data_file_that_is_not_utf8_names_the_file_and_line(tmp_path, monkeypatch, no_network):
+    archive = tmp_path / "SST-2.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("SST-2/train.tsv", b"sentence\tlabel\ngood \t1\nbad \xff\xfe \t0\n")
+        zf.writestr("SST-2/dev.tsv", "sentence\tlabel\nfine \t1\n")
+    use(monkeypatch, "sst2", archive)
+    with pytest.raises(DatasetError, match=r"train\.tsv, line 3: the bytes are not UTF-8"):
+        SST2(root=tmp_path, download=False)
+
+
 def test_order_task_needs_word_order():
     ds = OrderTask(400, seq_words=10, seed=1)
     assert ds.labels.mean() == pytest.approx(0.5, abs=0.1)

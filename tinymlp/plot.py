@@ -26,12 +26,14 @@ notes and the ``toeplitz`` option builds in.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
 import numpy as np
 
 from .backend import to_device
+from .files import atomic_write
 from .tensor import Tensor
 
 __all__ = ["confusion_matrix", "graph", "spatial_weights", "to_dot", "token_mixing_weights", "training_curves"]
@@ -46,10 +48,18 @@ def _figure(width, height):
 
 
 def _save(fig, path):
+    """Write ``fig`` to ``path`` (its folder created; the format from the suffix, ".png" added without one),
+    atomically: a failed save leaves no partial image and no temporary file."""
     if path is not None:
         folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fig.savefig(path, dpi=fig.dpi)
+        if not os.path.isdir(folder):
+            with contextlib.suppress(OSError):      # else atomic_write names what is in the way
+                os.makedirs(folder, exist_ok=True)
+        path = os.fspath(path)
+        suffix = os.path.splitext(path)[1][1:].lower()
+        if not suffix and not os.path.isdir(path):    # as matplotlib does: "curves" -> "curves.png"
+            suffix, path = "png", path + ".png"
+        atomic_write(path, lambda f: fig.savefig(f, format=suffix, dpi=fig.dpi), what="plot")
     return fig
 
 

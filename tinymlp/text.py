@@ -8,9 +8,16 @@
 
 Three steps turn text into ids:
 
-1. **Words.** Lowercase (``lowercase=True``), then split into words and single punctuation
-   marks (the regular expression ``WORD``). The special tokens written in text, e.g.
-   "[MASK]", stay whole.
+1. **Words.** Normalise the text to Unicode NFKC (so that "ﬁ", full-width "Ａ" and a letter
+   written with a separate combining accent all read as the usual characters; the vocabulary
+   learned and the text cut with it are normalised alike), lowercase it (``lowercase=True``),
+   then split it into words and single punctuation marks (``_words``):
+   a word is a run of letters, digits, "_" and combining marks, so accents, Devanagari vowel signs
+   and viramas stay with their letters; each CJK ideograph is a word of its own, as in BERT's
+   basic tokenizer (Chinese is written without spaces; kana and Hangul stay in runs); any other
+   character that is not a space is a punctuation mark. "[MASK]" or "[SEP]" written in the text
+   are ordinary characters ("[", "mask", "]"): only ``special_tokens=True`` reads them as the
+   special tokens (to write a masked sentence by hand).
 2. **Subwords.** A word is cut into the longest pieces found in the vocabulary, left to right
    (greedy longest match, as BERT's WordPiece does). A piece that continues a word carries the
    prefix "##", so "playing" -> "play", "##ing", and decoding knows where words end. A word
@@ -30,26 +37,39 @@ it yields are used as a WordPiece vocabulary.
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import re
+import sys
+import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from .files import atomic_write
+
 __all__ = ["PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "Tokenizer"]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)          # ids 0..4, in this order
-WORD = re.compile(r"\[(?:PAD|UNK|CLS|SEP|MASK)\]|\w+|[^\w\s]")
+SPECIAL = r"\[(?:PAD|UNK|CLS|SEP|MASK)\]"
+NORMAL_FORM = "NFKC"
+# The CJK Unified Ideographs (and extensions, compatibility ideographs) of BERT's basic tokenizer.
+CJK = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002b73f"
+       "\U0002b740-\U0002b81f\U0002b820-\U0002ceaf\U0002f800-\U0002fa1f")
 CONTINUE = "##"
 MAX_WORD = 100                                       # longer "words" become [UNK]
 FORMAT = "tinymlp-wordpiece"
 
 
 class Tokenizer:
-    """Text <-> token ids with a fixed vocabulary (a list of pieces; the id is the position)."""
+    """Text <-> token ids with a fixed vocabulary (a list of pieces; the id is the position).
+
+    Text is normalised to Unicode NFKC before it is cut (NFKC rather than NFC: compatibility
+    forms such as ligatures and full-width letters become the characters they stand for, so a
+    copy-pasted "ﬁlm" is the word "film"; the price is that "²" reads as "2"). Written "[SEP]"
+    or "[MASK]" are text unless ``special_tokens=True`` (``tokenize``, ``encode``)."""
 
     def __init__(self, vocab, lowercase: bool = True):
         vocab = list(vocab)
@@ -76,8 +96,7 @@ class Tokenizer:
     @classmethod
     def train(cls, texts, vocab_size: int = 8000, min_frequency: int = 2, lowercase: bool = True):
         """Learn a vocabulary of at most ``vocab_size`` pieces from ``texts`` (an iterable of str)."""
-        counts = Counter(w for t in texts for w in _words(t, lowercase) if w not in SPECIAL_TOKENS
-                         and len(w) <= MAX_WORD)
+        counts = Counter(w for t in texts for w in _words(t, lowercase) if len(w) <= MAX_WORD)
         words = [[w[0]] + [CONTINUE + c for c in w[1:]] for w in counts]   # each word as its characters
         freq = list(counts.values())
         vocab = list(SPECIAL_TOKENS) + sorted({p for w in words for p in w})
@@ -113,10 +132,13 @@ class Tokenizer:
         return cls(vocab, lowercase)
 
     # ------------------------------------------------------------------ text -> pieces -> ids
-    def tokenize(self, text: str) -> list:
-        """The pieces of ``text``: words cut greedily into the longest known pieces."""
+    def tokenize(self, text: str, special_tokens: bool = False) -> list:
+        """The pieces of ``text``: words cut greedily into the longest known pieces.
+
+        ``special_tokens=True``: "[MASK]", "[SEP]", ... written in ``text`` are those tokens
+        (by default they are ordinary text, so that user text can never forge them)."""
         pieces = []
-        for word in _words(text, self.lowercase):
+        for word in _words(text, self.lowercase, special_tokens):
             pieces.extend(self._cut(word))
         return pieces
 
@@ -139,14 +161,16 @@ class Tokenizer:
             start = end
         return pieces
 
-    def to_ids(self, text: str) -> list:
-        return [self.ids[p] for p in self.tokenize(text)]
+    def to_ids(self, text: str, special_tokens: bool = False) -> list:
+        return [self.ids[p] for p in self.tokenize(text, special_tokens)]
 
-    def encode(self, text: str, pair: str | None = None, max_len: int | None = 128):
+    def encode(self, text: str, pair: str | None = None, max_len: int | None = 128, special_tokens: bool = False):
         """(ids, segments) of ``[CLS] text [SEP] (pair [SEP])``, cut and padded to ``max_len``.
 
-        Lists of ints; ``max_len=None``: neither cut nor padded."""
-        a, b = self.to_ids(text), (self.to_ids(pair) if pair is not None else None)
+        Lists of ints; ``max_len=None``: neither cut nor padded. ``special_tokens``: as in
+        ``tokenize`` (off: "[SEP]" in the text is not a separator)."""
+        a = self.to_ids(text, special_tokens)
+        b = self.to_ids(pair, special_tokens) if pair is not None else None
         if max_len is not None:
             specials = 3 if b is not None else 2
             if max_len < specials:
@@ -163,12 +187,12 @@ class Tokenizer:
             ids, segments = ids + [self.pad_id] * pad, segments + [0] * pad
         return ids, segments
 
-    def encode_batch(self, texts, pairs=None, max_len: int = 128):
+    def encode_batch(self, texts, pairs=None, max_len: int = 128, special_tokens: bool = False):
         """(ids, segments): int64 arrays (N, max_len); the padding mask is ``ids != tok.pad_id``."""
         pairs = [None] * len(texts) if pairs is None else pairs
         if len(pairs) != len(texts):
             raise ValueError(f"Tokenizer.encode_batch: {len(texts)} texts but {len(pairs)} pairs")
-        rows = [self.encode(t, p, max_len) for t, p in zip(texts, pairs)]
+        rows = [self.encode(t, p, max_len, special_tokens) for t, p in zip(texts, pairs)]
         ids = np.array([r[0] for r in rows], dtype=np.int64).reshape(len(rows), max_len)
         segments = np.array([r[1] for r in rows], dtype=np.int64).reshape(len(rows), max_len)
         return ids, segments
@@ -188,32 +212,118 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ files
     def save(self, path) -> None:
-        """Write the vocabulary as JSON (atomically: a temporary file renamed into place)."""
-        path = Path(path)
-        payload = {"format": FORMAT, "version": 1, "lowercase": self.lowercase, "vocab": self.vocab}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        """Write the vocabulary as JSON, one piece a line (atomically, by ``tinymlp.files.atomic_write``:
+        a folder, a missing or read-only folder, a read-only file are refused naming the path)."""
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=0) + "\n"
+        atomic_write(path, lambda f: f.write(text), what="Tokenizer.save", binary=False)
 
     @classmethod
     def load(cls, path):
-        payload = json.loads(Path(path).read_text(encoding="utf-8"))
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a tinymlp tokenizer file (no \"format\": \"{FORMAT}\")")
-        return cls(payload["vocab"], payload.get("lowercase", True))
+        """Read a file written by ``save``; a file that is not one raises ValueError naming it."""
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+        except IsADirectoryError:
+            raise ValueError(f"{path} is a folder, not a tokenizer file: pass the path of the .json file "
+                             f"that Tokenizer.save wrote") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[:exc.start].count(b"\n") + 1
+            raise ValueError(f"{path}, line {line}: the bytes are not UTF-8, so this is not a tokenizer file "
+                             f"written by Tokenizer.save (or it was damaged)") from None
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}), so "
+                             f"this is not a tokenizer file written by Tokenizer.save (or it was damaged)") from None
+        return cls.from_dict(payload, source=path, text=text)
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": 1, "lowercase": self.lowercase, "vocab": list(self.vocab)}
 
     @classmethod
-    def from_dict(cls, payload):
-        return cls(payload["vocab"], payload.get("lowercase", True))
+    def from_dict(cls, payload, source="the tokenizer", text=None):
+        """A tokenizer from ``to_dict``'s dict, every field checked; ``source`` (a file name) is
+        named in the error, with the line of a bad piece when ``text`` (the file's text) is given."""
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise ValueError(f"{source} is not a tinymlp tokenizer file (no \"format\": \"{FORMAT}\")")
+        vocab, lowercase = payload.get("vocab"), payload.get("lowercase", True)
+        if not isinstance(lowercase, bool):
+            raise ValueError(f"{source}: \"lowercase\" is {lowercase!r}, expected true or false")
+        if not isinstance(vocab, list):
+            raise ValueError(f"{source}: \"vocab\" is {type(vocab).__name__}, expected a list of pieces (strings)")
+        seen = {}
+        for i, piece in enumerate(vocab):
+            problem = (f"is {piece!r}, not a string" if not isinstance(piece, str) else
+                       "is empty" if not piece else
+                       f"{piece!r} holds a space" if any(ch.isspace() for ch in piece) else
+                       f"{piece!r} repeats piece {seen[piece]}" if piece in seen else None)
+            if problem:
+                raise ValueError(f"{source}{_line_of(text, i)}: piece {i} of the vocabulary {problem}; "
+                                 f"the file was damaged or edited by hand (write it with Tokenizer.save)")
+            seen[piece] = i
+        if tuple(vocab[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+            raise ValueError(f"{source}: the vocabulary must start with {list(SPECIAL_TOKENS)}, it starts "
+                             f"with {vocab[:len(SPECIAL_TOKENS)]}")
+        return cls(vocab, lowercase)
 
 
-def _words(text, lowercase):
-    if lowercase:
-        text = WORD.sub(lambda m: m.group() if m.group() in SPECIAL_TOKENS else m.group().lower(), text)
-    return WORD.findall(text)
+def _line_of(text, index):
+    """", line N" of the ``index``-th element of the "vocab" list in ``text`` (JSON as ``save``
+    writes it: one piece a line), or "" when it cannot be told."""
+    if text is None:
+        return ""
+    lines = text.splitlines()
+    try:
+        start = next(k for k, line in enumerate(lines) if line.lstrip().startswith('"vocab"'))
+    except StopIteration:
+        return ""
+    k = start + 1 + index
+    return f", line {k + 1}" if k < len(lines) and lines[start].rstrip().endswith("[") else ""
+
+
+_ASCII = re.compile(r"\w+|[^\w\s]", re.ASCII)
+_ASCII_SPECIAL = re.compile(rf"{SPECIAL}|\w+|[^\w\s]", re.ASCII)
+_CJK = re.compile(f"[{CJK}]")
+_CJK_SPLIT = re.compile(f"[{CJK}]|[^{CJK}]+")
+
+
+@functools.lru_cache(maxsize=2)
+def _pattern(special_tokens):
+    """Words (runs of letters, digits, "_" and combining marks) and single punctuation marks; with
+    ``special_tokens``, the special tokens written whole first. Built on first use: the combining
+    marks (Unicode categories Mn, Mc, Me) are read from ``unicodedata``, as ranges."""
+    ranges, start = [], None
+    for c in range(sys.maxunicode + 2):
+        mark = c <= sys.maxunicode and unicodedata.category(chr(c)).startswith("M")
+        if mark and start is None:
+            start = c
+        elif not mark and start is not None:
+            ranges.append(re.escape(chr(start)) + ("" if c - 1 == start else "-" + re.escape(chr(c - 1))))
+            start = None
+    word = rf"[\w{''.join(ranges)}]+"
+    return re.compile("|".join(([SPECIAL] if special_tokens else []) + [word, r"[^\w\s]"]))
+
+
+def _words(text, lowercase, special_tokens=False):
+    """``text`` normalised, lowercased and split into words and punctuation marks, each CJK
+    ideograph a word of its own."""
+    if not isinstance(text, str):
+        raise TypeError(f"Tokenizer: expected a str, got {type(text).__name__}")
+    plain = text.isascii()                       # ASCII is already NFKC, without marks or CJK: a faster path
+    if not plain:
+        text = unicodedata.normalize(NORMAL_FORM, text)
+    if lowercase and special_tokens:             # lowercase all but the special tokens
+        text = re.sub(rf"{SPECIAL}|[^\[]+|\[", lambda m: m.group() if m.group() in SPECIAL_TOKENS else m.group().lower(), text)
+    elif lowercase:
+        text = text.lower()
+    if plain:
+        return (_ASCII_SPECIAL if special_tokens else _ASCII).findall(text)
+    words = _pattern(bool(special_tokens)).findall(text)
+    if _CJK.search(text):                        # one word per ideograph, as BERT's basic tokenizer
+        words = [part for w in words for part in (_CJK_SPLIT.findall(w) if _CJK.search(w) else (w,))]
+    return words
 
 
 def _merge(word, a, b, merged):

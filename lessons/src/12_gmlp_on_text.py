@@ -316,8 +316,8 @@ history = fit(mlm, AdamW(param_groups(mlm, 0.01), lr=5e-3),
               MaskedLMLoader(held_out, 100, rng=1, fixed=True, mask_prob=0.15), epochs=4, progress=False)
 print("held-out perplexity per epoch:", [round(math.exp(v), 2) for v in history.val_loss])
 
-masked_sentence = "the funny [MASK] was good ."
-ids = np.array([lm_tok.encode(masked_sentence, max_len=8)[0]])
+masked_sentence = "the funny [MASK] was good ."                # special_tokens=True: "[MASK]" is the token,
+ids = np.array([lm_tok.encode(masked_sentence, max_len=8, special_tokens=True)[0]])   # not 3 pieces of text
 probs = F.softmax(mlm(ids), axis=-1).numpy()[0]
 best = np.argsort(probs)[::-1][:3]
 print(masked_sentence, "->", [(lm_tok.vocab[i], round(float(probs[i]), 2)) for i in best])

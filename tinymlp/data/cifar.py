@@ -21,6 +21,12 @@ then is it renamed into place; it is unpacked with tarfile's ``filter="data"`` (
 write outside the folder) into a temporary folder that is renamed into place once its
 contents are checked. An interrupted or refused step therefore leaves nothing half-written.
 
+Bounds: an archive with more than ``max_members`` members, or whose members would unpack to
+more than ``max_unpacked`` bytes, is refused before anything is written (a crafted archive; the
+official ones hold a few files and about 180 MB); a download, or an archive found in the folder,
+larger than ``max_size`` bytes (set where no MD5 is pinned) is refused too. A data folder that is
+a file, cannot be created or cannot be written to is named in one sentence.
+
 ``ARCHIVES`` describes each archive (URLs tried in order, MD5, record counts); replace an
 entry to use a mirror, e.g. ``ARCHIVES["cifar10"] = dataclasses.replace(ARCHIVES["cifar10"],
 urls=("https://mirror.example/cifar-10-binary.tar.gz",))``.
@@ -58,6 +64,8 @@ CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 
 IMAGE_BYTES = 3 * 32 * 32
 _CHUNK = 1 << 20
+MAX_MEMBERS = 1000            # the defaults of Archive.max_members / max_unpacked
+MAX_UNPACKED = 1 << 30        # bytes
 
 
 class DatasetError(RuntimeError):
@@ -83,6 +91,9 @@ class Archive:
     test: dict
     label_files: tuple
     kind: str = "tar.gz"          # or "zip"
+    max_members: int = MAX_MEMBERS        # more members than this: refused, nothing unpacked
+    max_unpacked: int = MAX_UNPACKED      # members adding up to more bytes than this: refused
+    max_size: int | None = None           # a larger archive (download or file): refused
 
     @property
     def record_bytes(self) -> int:
@@ -151,6 +162,12 @@ def prepare(spec: Archive, root=None, download=True, progress=True, *, check=Non
     check, advice = check or _check_files, advice or _how_to_fix
     root = data_root(root)
     folder = root / spec.folder
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"the data folder {root} is a file, not a folder: pass a folder as root=... "
+                           f"(--data-dir in the examples) or in TINYMLP_DATA.")
+    if folder.exists() and not folder.is_dir():
+        raise DatasetError(f"{folder} is a file where the unpacked {spec.name} folder belongs: move or delete "
+                           f"it and run again.")
     if folder.is_dir():
         check(spec, folder, f"Delete the folder {folder} and run again with "
                             f"download=True to fetch and unpack a fresh copy.")
@@ -158,6 +175,11 @@ def prepare(spec: Archive, root=None, download=True, progress=True, *, check=Non
     archive = root / spec.filename
     downloaded = False
     if archive.is_file():
+        limit = getattr(spec, "max_size", None)
+        if limit is not None and (size := archive.stat().st_size) > limit:
+            raise DatasetError(
+                f"{archive} was refused: it is {size:,} bytes, more than the {limit:,} that {spec.name} can "
+                f"be (it is not the official archive); delete it and run again with download=True.")
         actual = _md5(archive)
         if spec.md5 is not None and actual != spec.md5:
             raise DatasetError(
@@ -168,11 +190,19 @@ def prepare(spec: Archive, root=None, download=True, progress=True, *, check=Non
             f"{spec.name} was not found in {root} and download=False. Pass download=True (in the "
             f"example scripts: leave out --no-download) to fetch it. " + advice(spec, root))
     else:
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatasetError(_unwritable(root, exc, "create")) from None
         _download(spec, archive, progress, advice)
         downloaded = True
     _extract(spec, archive, root, downloaded, check)
     return folder
+
+
+def _unwritable(root: Path, exc: OSError, action="write in") -> str:
+    return (f"cannot {action} the data folder {root} ({exc.strerror or exc}): make it writable, or pass "
+            f"another folder as root=... (--data-dir in the examples) or in TINYMLP_DATA.")
 
 
 def _md5(path: Path) -> str:
@@ -210,14 +240,25 @@ def _download(spec: Archive, dest: Path, progress: bool, advice) -> None:
 def _fetch(url: str, dest: Path, spec: Archive, progress: bool) -> None:
     from tqdm import tqdm  # noqa: PLC0415 - only a download needs it
 
-    fd, part = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        fd, part = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    except OSError as exc:
+        raise DatasetError(_unwritable(dest.parent, exc)) from None
+    limit = getattr(spec, "max_size", None)
     try:
         digest = hashlib.md5(usedforsecurity=False)
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            total = int(response.headers.get("Content-Length") or spec.size or 0) or None
+            announced = int(response.headers.get("Content-Length") or 0)
+            total = announced or spec.size or None
+            received = 0
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                       desc=spec.filename, disable=not progress) as bar:
                 while chunk := response.read(_CHUNK):
+                    received += len(chunk)
+                    if limit is not None and max(received, announced) > limit:
+                        raise DatasetError(
+                            f"downloading {spec.name} from {url} was stopped: it is larger than {limit:,} bytes, "
+                            f"more than the archive can be (the server sent something else); nothing was kept.")
                     out.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
@@ -241,14 +282,18 @@ def _extract(spec: Archive, archive: Path, root: Path, remove_on_failure: bool, 
         raise DatasetError("unpacking safely needs tarfile's extraction filters (Python >= 3.11.4)")
     fix = ("The downloaded archive was removed." if remove_on_failure else
            "Delete it and run again with download=True to fetch a fresh copy.")
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.folder}.", suffix=".unpacking"))
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.folder}.", suffix=".unpacking"))
+    except OSError as exc:
+        raise DatasetError(f"cannot unpack {archive}: " + _unwritable(root, exc)) from None
     try:
         try:
             if spec.kind == "zip":
-                _extract_zip(archive, tmp, fix)
+                _extract_zip(spec, archive, tmp, fix)
             else:
                 with tarfile.open(archive, "r:gz") as tar:
-                    tar.extractall(tmp, filter="data")
+                    members = _bounded(spec, archive, ((m, m.size) for m in tar), fix)
+                    tar.extractall(tmp, members=members, filter="data")
         except tarfile.FilterError as exc:
             raise DatasetError(
                 f"{archive} was refused: member {exc.tarinfo.name!r} would be written outside "
@@ -272,14 +317,48 @@ def _extract(spec: Archive, archive: Path, root: Path, remove_on_failure: bool, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _extract_zip(archive: Path, tmp: Path, fix: str) -> None:
-    """A zip has no extraction filter: refuse it whole if any member would land outside ``tmp``."""
+def _bounded(spec, archive: Path, members, fix: str) -> list:
+    """The ``(member, size)`` pairs' members, after refusing too many of them or too many bytes in all
+    (counted from the headers, before anything is written)."""
+    max_members = getattr(spec, "max_members", MAX_MEMBERS)
+    max_unpacked = getattr(spec, "max_unpacked", MAX_UNPACKED)
+    kept, total = [], 0
+    for member, size in members:
+        kept.append(member)
+        total += max(int(size), 0)
+        if len(kept) > max_members:
+            raise DatasetError(f"{archive} was refused: it holds more than {max_members:,} members, which "
+                               f"{spec.name} does not (a crafted archive); nothing was extracted. {fix}")
+        if total > max_unpacked:
+            raise DatasetError(f"{archive} was refused: its members would unpack to more than {max_unpacked:,} "
+                               f"bytes, which {spec.name} does not (a crafted archive); nothing was extracted. {fix}")
+    return kept
+
+
+def _extract_zip(spec, archive: Path, tmp: Path, fix: str) -> None:
+    """A zip has no extraction filter: refuse it whole if any member would land outside ``tmp``,
+    or if it holds too many members or bytes; copy each member counting the bytes actually
+    unpacked (a member may hold more than its header says)."""
     with zipfile.ZipFile(archive) as zf:
-        for member in zf.namelist():
-            if not (tmp / member).resolve().is_relative_to(tmp.resolve()):
-                raise DatasetError(f"{archive} was refused: member {member!r} would be written outside "
+        infos = _bounded(spec, archive, ((i, i.file_size) for i in zf.infolist()), fix)
+        for info in infos:
+            if not (tmp / info.filename).resolve().is_relative_to(tmp.resolve()):
+                raise DatasetError(f"{archive} was refused: member {info.filename!r} would be written outside "
                                    f"the data folder. Nothing was extracted. {fix}")
-        zf.extractall(tmp)
+        max_unpacked, written = getattr(spec, "max_unpacked", MAX_UNPACKED), 0
+        for info in infos:
+            dest = tmp / info.filename
+            if info.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(dest, "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    written += len(chunk)
+                    if written > max_unpacked:
+                        raise DatasetError(f"{archive} was refused: it unpacks to more than {max_unpacked:,} bytes, "
+                                           f"more than its headers say (a crafted archive); nothing was kept. {fix}")
+                    out.write(chunk)
 
 
 def _check_files(spec: Archive, folder: Path, fix: str) -> None:

@@ -18,7 +18,8 @@ The official archives, read without pickle (``TEXT_ARCHIVES``, replaceable like 
   lowercased and tokenised, in Latin-1. There is no official split: papers use 10-fold cross-
   validation. Here a fixed seeded permutation puts ``test_fraction`` (10%) of each class in the
   test split. The archive's MD5 is not pinned (it could not be verified from a trusted source
-  while writing this); the files are checked by their line counts instead.
+  while writing this); the archive is read only up to ``max_size`` (8 MiB, for an archive of
+  about 0.5 MB) and the files are checked by their line counts instead.
 - **SST-2** (Socher et al. 2013, as distributed by GLUE: ``SST-2.zip``): ``SST-2/train.tsv``
   (67,349 sentences) and ``SST-2/dev.tsv`` (872), tab-separated with a header ``sentence\tlabel``;
   GLUE's ``test.tsv`` has no labels, so the test split here is ``dev.tsv``. MD5 as pinned by
@@ -262,6 +263,9 @@ class TextArchive:
     folder: str
     files: dict
     kind: str
+    max_members: int = 1000       # more members than this: refused, nothing unpacked
+    max_unpacked: int = 1 << 30   # members adding up to more bytes than this: refused
+    max_size: int | None = None   # a larger archive (download or file): refused; set where md5 is None
 
 
 TEXT_ARCHIVES = {
@@ -270,6 +274,7 @@ TEXT_ARCHIVES = {
         urls=("https://www.cs.cornell.edu/people/pabo/movie-review-data/rt-polaritydata.tar.gz",),
         filename="rt-polaritydata.tar.gz", md5=None, size=None, folder="rt-polaritydata",
         files={"rt-polarity.pos": 5331, "rt-polarity.neg": 5331}, kind="tar.gz",
+        max_size=8 << 20,         # the archive is about 0.5 MB; without an MD5, a size limit
     ),
     "sst2": TextArchive(
         name="SST-2",
@@ -295,6 +300,16 @@ def prepare_text(spec: TextArchive, root=None, download=True, progress=True) -> 
 
 def _lines(path):
     return path.read_bytes().decode("latin-1").splitlines()
+
+
+def _utf8_lines(path, folder):
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DatasetError(f"{path}, line {line}: the bytes are not UTF-8 (the file is corrupted); delete "
+                           f"{folder} and run again with download=True.") from None
 
 
 def _check_files(spec, folder, fix):
@@ -333,7 +348,7 @@ class SST2(TextDataset):
         spec = TEXT_ARCHIVES["sst2"]
         self.root = prepare_text(spec, root, download, progress)
         path = self.root / ("train.tsv" if train else "dev.tsv")
-        rows = path.read_text(encoding="utf-8").splitlines()
+        rows = _utf8_lines(path, self.root)
         if not rows or rows[0].split("\t") != ["sentence", "label"]:
             raise DatasetError(f"{path}: expected the header 'sentence<TAB>label'. Delete {self.root} and "
                                f"run again with download=True.")

@@ -1,0 +1,104 @@
+"""Saving a file so that a failure never leaves half of it: ``atomic_write``.
+
+    atomic_write("run/vocab.json", lambda f: f.write(data), what="Tokenizer.save")
+
+The file is written under a temporary name in the destination folder
+(``.<name>.<pid>.<random>.tmp``), flushed to disk, then renamed over ``path`` in one step
+(``os.replace``): a reader sees the old file or the new one, never a mix, and a crash leaves the
+old file as it was. Whatever stops the save (an error in ``write``, a full disk, Ctrl-C), the
+temporary file is removed.
+
+What the destination can be, and what happens:
+
+- a new name in an existing folder: the file is created (mode 0666 less the umask);
+- an existing file: it is replaced and keeps its permissions;
+- a symbolic link: the file it points to is replaced (the link stays a link, as an ordinary
+  ``open(path, "w")`` would write through it) and a ``UserWarning`` says so, naming the target;
+- a read-only file (no write permission for its owner, whoever runs the save, root included):
+  refused with ``PermissionError``; make it writable or save under another name;
+- a folder, a folder that does not exist, a "folder" that is a file, a folder without write
+  permission: refused with one sentence naming the path (``IsADirectoryError``,
+  ``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+import warnings
+
+__all__ = ["atomic_write"]
+
+
+def atomic_write(path, write, *, what="save", binary=True):
+    """Call ``write(f)`` on a temporary file beside ``path``, then rename it over ``path``.
+
+    ``what`` names the caller in the messages (e.g. "checkpoint.save"); ``binary=False``
+    opens the temporary file as UTF-8 text. Returns the path written (the link's target when
+    ``path`` is a symbolic link).
+    """
+    path = os.fspath(path)
+    target = _destination(path, what)
+    folder = os.path.dirname(target)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.{os.getpid()}.", suffix=".tmp")
+    except PermissionError:
+        raise PermissionError(f"{what}: cannot write {path}: the folder {folder} is not writable "
+                              f"(permission denied); save into a folder you can write to") from None
+    except OSError as exc:
+        raise type(exc)(f"{what}: cannot write {path}: creating a file in {folder} failed "
+                        f"({exc.strerror}); save somewhere else") from None
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(target))
+        os.replace(tmp, target)        # atomic: readers see the old file or the new one, never a mix
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX)
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return target
+
+
+def _destination(path, what):
+    """The file to replace (a link's target), after refusing what cannot or should not be replaced."""
+    target = os.path.abspath(path)
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        warnings.warn(f"{what}: {path} is a symbolic link; the file it points to, {target}, is replaced "
+                      f"(the link itself is kept)", UserWarning, stacklevel=3)
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"{what}: {path} is a folder; give a file name inside it, "
+                                f"e.g. {os.path.join(path, 'name')}")
+    folder = os.path.dirname(target)
+    if not os.path.exists(folder):
+        raise FileNotFoundError(f"{what}: cannot write {path}: the folder {folder} does not "
+                                f"exist (create it first, e.g. os.makedirs({folder!r}))")
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{what}: cannot write {path}: {folder} is a file, not a "
+                                 f"folder; choose another path")
+    with contextlib.suppress(FileNotFoundError):
+        if not os.stat(target).st_mode & stat.S_IWUSR:
+            raise PermissionError(f"{what}: {path} is read-only, so it was not replaced; make it "
+                                  f"writable (chmod u+w) or save under another name")
+    return target
+
+
+def _file_mode(path):
+    """The old file's permissions, or the usual ones for a new file (mkstemp uses 0600)."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
