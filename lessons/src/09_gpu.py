@@ -61,8 +61,8 @@ DEVICE = "cuda" if GPU else "cpu"
 print("tinymlp.cuda_available():", GPU, "-> this notebook uses", DEVICE)
 if not GPU:
     print("No usable GPU here: every GPU cell below explains what it would do and runs the CPU part.\n"
-          'To use an NVIDIA GPU, install CuPy for your CUDA version: pip install "tinymlp[cuda12]" '
-          '(or "tinymlp[cuda13]"), then check with: python -m tinymlp doctor')
+          "To use an NVIDIA GPU, install CuPy for your CUDA version:", tinymlp.backend.INSTALL_CUPY,
+          "\nthen check with: python -m tinymlp doctor")
 
 # %% [markdown]
 # Asking for a device that cannot be used is an error that says what is missing, raised the

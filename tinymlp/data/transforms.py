@@ -39,9 +39,10 @@ def random_crop(images, pad, rng):
     offset drawn uniformly per image: a random shift by (dy, dx) in [-pad, pad]^2 with zeros
     filling the border uncovered by the shift.
 
-    No copy per offset: a sliding-window view of the padded batch, shape
+    No copy per offset: a strided view of the padded batch, shape
     (B, C, 2 pad + 1, 2 pad + 1, H, W), holds every possible crop, and one gather picks
-    crop (oy[b], ox[b]) for each image b.
+    crop (oy[b], ox[b]) for each image b. The view is built from the padded batch's strides
+    alone (``as_strided``), with no check that would read device values back to the host.
     """
     if pad == 0:
         return images
@@ -49,7 +50,9 @@ def random_crop(images, pad, rng):
     B, C, H, W = images.shape
     padded = xp.zeros((B, C, H + 2 * pad, W + 2 * pad), dtype=images.dtype)
     padded[:, :, pad:pad + H, pad:pad + W] = images
-    crops = xp.lib.stride_tricks.sliding_window_view(padded, (H, W), axis=(2, 3))
+    sb, sc, sh, sw = padded.strides
+    crops = xp.lib.stride_tricks.as_strided(padded, shape=(B, C, 2 * pad + 1, 2 * pad + 1, H, W),
+                                            strides=(sb, sc, sh, sw, sh, sw))
     oy = xp.asarray(rng.integers(0, 2 * pad + 1, size=B))
     ox = xp.asarray(rng.integers(0, 2 * pad + 1, size=B))
     return crops[xp.arange(B), :, oy, ox]                                 # (B, C, H, W)

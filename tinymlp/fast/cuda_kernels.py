@@ -36,6 +36,12 @@ call the kernels at all); nothing is cast. Rows are the last axis:
 (``_cupy()``), never when this module is imported, and every kernel is compiled once per dtype
 and cached (CuPy also keeps the binaries in ``~/.cupy/kernel_cache``).
 
+A kernel that does not compile or run (a CuPy without the CUDA headers, an unusual GPU) costs
+speed, never the run: the first time ``applies`` meets a dtype, every kernel here is compiled
+and run once on a tiny input; if one fails, a single RuntimeWarning says which and why, and
+the fast ops take their array code (the reference formulas) on CUDA for that dtype from then
+on. ``get_cupy`` runs the float32 LayerNorm kernel against NumPy before it says CUDA is ready.
+
 The row kernels (one thread block per row) use a block of 32..256 threads, a multiple of the
 warp size: each thread strides over the row, then ``block_sum`` adds the per-thread partial
 sums with warp shuffles and one shared-memory exchange. A row narrower than the block simply
@@ -47,10 +53,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import warnings
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import add_cuda_check, array_module
 
 __all__ = [
     "applies", "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
@@ -71,9 +78,71 @@ def _cupy():
 
 
 def applies(*arrays) -> bool:
-    """Whether an op should call the kernels here: the first array is a CuPy array and all of
-    them are ``supported`` (later None entries are skipped). NumPy arrays give False."""
-    return array_module(arrays[0]).__name__ == "cupy" and supported(*arrays)
+    """Whether an op should call the kernels here: the first array is a CuPy array, all of them
+    are ``supported`` (later None entries are skipped) and the kernels compiled and ran for
+    their dtype (``kernels_work``). NumPy arrays give False."""
+    return (array_module(arrays[0]).__name__ == "cupy" and supported(*arrays)
+            and kernels_work(arrays[0].dtype))
+
+
+_kernel_state = {}   # np.dtype -> True (the kernels work) or the one-line reason they do not
+
+
+def kernels_work(dtype) -> bool:
+    """Compile and run every kernel of this module once for ``dtype`` (the first time only);
+    False, after one RuntimeWarning, when one of them fails: the fast ops then use their array
+    code on CUDA (correct, slower). Nothing is read back to the host."""
+    dtype = np.dtype(dtype)
+    if dtype not in _kernel_state:
+        try:
+            _try_every_kernel(dtype)
+            _kernel_state[dtype] = True
+        except Exception as exc:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            reason = f"{type(exc).__name__}{': ' + detail if detail else ''}"
+            _kernel_state[dtype] = reason
+            warnings.warn(
+                f"tinymlp's CUDA kernels for {dtype} failed to compile or run ({reason}); the fast tier "
+                f"uses its array code on CUDA instead (same results, slower); check the CUDA install "
+                f"with: python -m tinymlp doctor", RuntimeWarning, stacklevel=2)
+    return _kernel_state[dtype] is True
+
+
+def kernel_failure(dtype):
+    """Why the kernels for ``dtype`` do not run (None when they do or were not tried yet)."""
+    state = _kernel_state.get(np.dtype(dtype))
+    return None if state is None or state is True else state
+
+
+def _try_every_kernel(dtype):
+    """Compile and launch each kernel on a few elements of ``dtype`` (no result is read)."""
+    cp = _cupy()
+    x = cp.ones((2, 3), dtype=dtype)
+    w = cp.ones(3, dtype=dtype)
+    gelu_tanh_forward(x, want_derivative=True)
+    gelu_tanh_forward(x, want_derivative=False)
+    _, xhat, rstd = layer_norm_forward(x, w, w, 1e-5)
+    layer_norm_backward(x, xhat, rstd, w)
+    softmax_backward(x, x)
+    f = cp.ones((1, 2, 3), dtype=dtype)
+    sgu_gate_forward(f, w, x, f)
+    sgu_gate_forward(f, w, x, f, gate_residual=f)
+    sgu_gate_backward(f, f, f)
+
+
+def _layer_norm_check(cupy):
+    """The float32 LayerNorm kernel against NumPy, for ``get_cupy``'s readiness check (None,
+    nothing to compare, when the kernels fell back: the array code computes instead)."""
+    if not kernels_work(np.float32):
+        return None
+    x = (np.arange(3 * 40, dtype=np.float32).reshape(3, 40) % 7) - 3
+    mean = x.mean(axis=1, keepdims=True)
+    expected = (x - mean) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
+    y, _, _ = layer_norm_forward(cupy.asarray(x), None, None, 1e-5)
+    return y, expected
+
+
+add_cuda_check("the fast tier's LayerNorm kernel", _layer_norm_check)
 
 
 def supported(*arrays) -> bool:

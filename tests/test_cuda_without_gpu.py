@@ -1,0 +1,450 @@
+"""The CUDA path's device logic, checked on a machine without a GPU.
+
+A *stand-in* for CuPy (NumPy underneath) is registered as the ``cupy`` module, so that
+``device="cuda"`` gives tensors whose arrays follow the rules of CuPy that matter here:
+
+- no implicit conversion to NumPy: ``np.asarray(x)`` (``__array__``) raises CuPy's TypeError;
+- NumPy arrays are refused as operands of device ops (``x + numpy_array``, ``xp.matmul(x, a)``);
+  ``xp.asarray``/``xp.array`` (an upload) and NumPy index arrays are accepted, as on CuPy;
+- reductions give 0-d device arrays, never host scalars;
+- every host read (``get``, ``item``, ``float``, ``bool``, ``int``, ``tolist``, ...) is counted:
+  on a GPU each one waits for every queued kernel, so none may happen inside a training step;
+- ``lib.stride_tricks.sliding_window_view`` validates its window shape on the device and reads
+  the verdict back, as CuPy's does (one of the few CuPy-internal reads modelled here);
+- it has no kernels: ``ElementwiseKernel``, ``RawModule`` and ``ReductionKernel`` fail when
+  compiled, like a CuPy without the CUDA headers, so the fast tier's kernels fall back to its
+  array code (with one warning).
+
+What it cannot see: timings; the maths of the CUDA kernels (``tests/test_cuda.py`` checks them
+on a GPU); CuPy-internal synchronisations other than the one modelled above (allocator
+pressure, ``cupy.nonzero`` and friends sizing their output, cuRAND setup);
+asynchronous errors; memory use; more than one stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+import tinymlp
+from tinymlp import backend
+from tinymlp.fast import cuda_kernels
+
+
+# ============================================================================ the stand-in
+class HostReads:
+    """Counts reads of device values by the host (each is a synchronisation on a GPU)."""
+
+    def __init__(self):
+        self.count, self.where = 0, []
+
+    def record(self, what):
+        import traceback
+
+        self.count += 1
+        frame = [f for f in traceback.extract_stack()[:-3] if "test_cuda_without_gpu" not in f.filename]
+        self.where.append(f"{what} at {frame[-1].filename}:{frame[-1].lineno}" if frame else what)
+
+
+READS = HostReads()
+IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
+            "Please use `.get()` to construct a NumPy array explicitly.")
+
+
+def _refuse_host(value, where):
+    if isinstance(value, np.ndarray):
+        raise TypeError(f"Unsupported type {type(value)} in {where}: a NumPy array cannot be an "
+                        f"operand of a device op (upload it with cupy.asarray first)")
+
+
+def _unwrap(value, where, allow_host=False):
+    """DeviceArray -> its NumPy storage (recursively through tuples, lists, dicts); NumPy arrays
+    are refused unless ``allow_host``."""
+    if isinstance(value, DeviceArray):
+        return value._a
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unwrap(v, where, allow_host) for v in value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v, where, allow_host) for k, v in value.items()}
+    if not allow_host:
+        _refuse_host(value, where)
+    return value
+
+
+def _wrap(value):
+    if isinstance(value, np.ndarray):
+        return DeviceArray(value)
+    if isinstance(value, np.generic):                 # CuPy gives 0-d arrays, never host scalars
+        return DeviceArray(np.asarray(value))
+    if isinstance(value, tuple):
+        return tuple(_wrap(v) for v in value)
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+class _Device:
+    id = 0
+
+    def __init__(self, index=0):
+        self.id = int(index)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+class DeviceArray(NDArrayOperatorsMixin):
+    """A "GPU" array: NumPy storage behind CuPy's rules (see the module docstring)."""
+
+    __slots__ = ("_a",)
+    __array_priority__ = 100
+
+    def __init__(self, a):
+        self._a = a
+
+    # -- no implicit conversion; explicit host reads are counted
+    def __array__(self, *args, **kwargs):
+        raise TypeError(IMPLICIT)
+
+    def get(self, *args, **kwargs):
+        READS.record("get()")
+        return self._a.copy()
+
+    def item(self, *args):
+        READS.record("item()")
+        return self._a.item(*args)
+
+    def tolist(self):
+        READS.record("tolist()")
+        return self._a.tolist()
+
+    def __float__(self):
+        READS.record("float()")
+        return float(self._a)
+
+    def __int__(self):
+        READS.record("int()")
+        return int(self._a)
+
+    def __index__(self):
+        READS.record("index()")
+        return self._a.__index__()
+
+    def __bool__(self):
+        READS.record("bool()")
+        return bool(self._a)
+
+    def __repr__(self):
+        return f"DeviceArray(shape={self._a.shape}, dtype={self._a.dtype})"
+
+    # -- the array protocol of device ops
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        args = _unwrap(inputs, ufunc.__name__)
+        kwargs = _unwrap(kwargs, ufunc.__name__)
+        result = getattr(ufunc, method)(*args, **kwargs)
+        if out is not None:                                 # in place: the same device arrays back
+            return out[0] if len(out) == 1 else out
+        return _wrap(result)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        return _wrap(func(*_unwrap(args, func.__name__), **_unwrap(kwargs, func.__name__)))
+
+    # -- the ndarray surface
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    strides = property(lambda self: self._a.strides)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: DeviceArray(self._a.T))
+    device = property(lambda self: _Device(0))
+
+    @property
+    def mT(self):
+        return DeviceArray(self._a.mT)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (DeviceArray(np.asarray(v)) for v in self._a)
+
+    def __getitem__(self, key):
+        return _wrap(self._a[_unwrap(key, "indexing", allow_host=True)])
+
+    def __setitem__(self, key, value):
+        self._a[_unwrap(key, "indexing", allow_host=True)] = _unwrap(value, "assignment", allow_host=True)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):              # no __array_interface__ and friends: no silent host view
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+
+        def method(*args, **kwargs):
+            return _wrap(attr(*_unwrap(args, name), **_unwrap(kwargs, name)))
+
+        return method
+
+    def __setattr__(self, name, value):
+        if name == "_a":
+            object.__setattr__(self, name, value)
+        elif name == "shape":
+            self._a.shape = value
+        else:
+            raise AttributeError(f"cannot set {name} on a device array")
+
+    def __reduce__(self):
+        raise TypeError("a device array cannot be pickled without a host read")
+
+
+DeviceArray.__module__ = "cupy._standin"   # the engine recognises CuPy arrays by their type's module
+
+
+class CompileException(Exception):
+    """What CuPy raises when NVRTC cannot compile a kernel."""
+
+
+def _no_kernel(*args, **kwargs):
+    class Kernel:
+        def __call__(self, *a, **k):
+            raise CompileException("catastrophic error: cannot open source file \"cuda_fp16.h\" (stand-in)")
+
+        def get_function(self, name):
+            return self
+
+    return Kernel()
+
+
+class _Generator:
+    """cupy.random.Generator: draws on the device."""
+
+    def __init__(self, seed=None):
+        self._g = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        attr = getattr(self._g, name)
+
+        def draw(*args, **kwargs):
+            return _wrap(np.asarray(attr(*args, **kwargs)))
+
+        return draw
+
+
+def _sliding_window_view(x, window_shape, axis=None, **kwargs):
+    window = np.atleast_1d(window_shape)
+    if bool(standin.any(standin.array(window) < 0)):    # as CuPy does: a device check read back
+        raise ValueError("window_shape cannot contain negative values")
+    return _wrap(np.lib.stride_tricks.sliding_window_view(x._a, tuple(window), axis=axis, **kwargs))
+
+
+def _make_module():
+    """The stand-in ``cupy`` module (and ``cupyx``)."""
+    m = types.ModuleType("cupy")
+    m.__version__ = "stand-in"
+    m.ndarray = DeviceArray
+    m.cuda = types.SimpleNamespace(
+        Device=_Device,
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 12080,
+                                      driverGetVersion=lambda: 12080,
+                                      getDeviceProperties=lambda i: {"name": b"stand-in", "totalGlobalMem": 2**33,
+                                                                     "major": 9, "minor": 0}),
+        compiler=types.SimpleNamespace(CompileException=CompileException),
+    )
+    m.random = types.SimpleNamespace(default_rng=_Generator, Generator=_Generator)
+    m.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
+        as_strided=lambda x, shape=None, strides=None: DeviceArray(
+            np.lib.stride_tricks.as_strided(x._a, shape=shape, strides=strides)),
+        sliding_window_view=_sliding_window_view))
+    m.ElementwiseKernel = m.RawModule = m.ReductionKernel = m.RawKernel = _no_kernel
+
+    uploads = {"asarray", "array", "asanyarray"}
+
+    def module_getattr(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(np, name)
+        if isinstance(attr, type) or not callable(attr):
+            return attr                                    # dtypes (cupy.float32 is numpy.float32), constants
+
+        def function(*args, **kwargs):
+            if name in uploads:
+                args = tuple(a._a if isinstance(a, DeviceArray) else a for a in args)
+                return DeviceArray(np.array(args[0], *args[1:], **kwargs) if name == "array"
+                                   else np.asarray(*args, **kwargs))
+            result = attr(*_unwrap(args, name), **_unwrap(kwargs, name))
+            return result if name in ("may_share_memory", "shares_memory") else _wrap(result)
+
+        function.__name__ = name
+        return function
+
+    m.__getattr__ = module_getattr
+    cupyx = types.ModuleType("cupyx")
+    special = types.ModuleType("cupyx.scipy.special")
+    special.erf = lambda x: DeviceArray(np.vectorize(math.erf, otypes=[x.dtype])(x._a))
+    special.erfc = lambda x: DeviceArray(np.vectorize(math.erfc, otypes=[x.dtype])(x._a))
+    cupyx.scipy = types.SimpleNamespace(special=special)
+    cupyx.allow_synchronize = lambda allow: contextlib.nullcontext()
+    return m, cupyx, special
+
+
+standin, standin_x, standin_special = _make_module()
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """The stand-in as the "cuda" device for the test; host reads counted from zero."""
+    monkeypatch.setitem(sys.modules, "cupy", standin)
+    monkeypatch.setitem(sys.modules, "cupyx", standin_x)
+    monkeypatch.setitem(sys.modules, "cupyx.scipy", standin_x.scipy)
+    monkeypatch.setitem(sys.modules, "cupyx.scipy.special", standin_special)
+    monkeypatch.setattr(backend, "_cupy", standin)
+    monkeypatch.setattr(backend, "_cupy_error", None)
+    monkeypatch.setattr(backend, "_cuda_checked", {})
+    monkeypatch.setattr(cuda_kernels, "_kernel_state", {np.dtype(np.float32): "CompileException: stand-in",
+                                                         np.dtype(np.float64): "CompileException: stand-in"})
+    cuda_kernels._cupy.cache_clear()
+    READS.count, READS.where = 0, []
+    yield standin
+    cuda_kernels._cupy.cache_clear()
+
+
+@contextlib.contextmanager
+def no_host_reads(allowed=0):
+    """Fail when the block reads the device more than ``allowed`` times; list where it did."""
+    before = READS.count
+    start = len(READS.where)
+    yield
+    reads = READS.where[start:]
+    assert READS.count - before <= allowed, f"{READS.count - before} host read(s) in a step: {reads}"
+
+
+# ============================================================================ the stand-in's own rules
+def test_the_standin_enforces_cupys_rules(gpu):
+    x = tinymlp.tensor(np.ones((2, 3)), device="cuda")
+    a = x.data
+    assert isinstance(a, gpu.ndarray) and backend.array_module(a) is gpu and backend.device_of(a) == "cuda"
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(a)
+    with pytest.raises(TypeError, match="NumPy array cannot be an operand"):
+        a + np.ones(3)
+    with pytest.raises(TypeError, match="NumPy array cannot be an operand"):
+        gpu.matmul(a, np.ones((3, 2)))
+    before = READS.count
+    total = a.sum()
+    assert isinstance(total, gpu.ndarray) and READS.count == before
+    assert float(total) == 6.0 and READS.count == before + 1
+
+
+# ============================================================================ the fixes
+def test_random_crop_reads_nothing_back_and_crops_like_the_padded_batch(gpu):
+    from tinymlp.data.transforms import random_crop
+    images = np.random.default_rng(0).random((5, 3, 6, 7)).astype(np.float32)
+    with no_host_reads():
+        out = random_crop(gpu.asarray(images), 2, np.random.default_rng(1))
+    got = out.get()
+    rng = np.random.default_rng(1)
+    oy, ox = rng.integers(0, 5, size=5), rng.integers(0, 5, size=5)
+    padded = np.pad(images, ((0, 0), (0, 0), (2, 2), (2, 2)))
+    for b in range(5):
+        np.testing.assert_array_equal(got[b], padded[b, :, oy[b]:oy[b] + 6, ox[b]:ox[b] + 7])
+
+
+def test_dropout_keeps_a_few_device_generators(gpu):
+    from tinymlp.ops import dropout
+    dropout._device_rngs.clear()
+    hosts = [np.random.default_rng(i) for i in range(20)]
+    for h in hosts:
+        dropout._device_rng(gpu, h)
+    assert len(dropout._device_rngs) <= dropout.MAX_DEVICE_RNGS <= 8
+    last = hosts[-1]
+    assert dropout._device_rng(gpu, last) is dropout._device_rng(gpu, last)   # reused, not rebuilt
+    x = tinymlp.tensor(np.ones((4, 8)), device="cuda")
+    with no_host_reads():
+        y = tinymlp.nn.functional.dropout(x, 0.5, rng=np.random.default_rng(3)) if hasattr(tinymlp.nn, "functional") \
+            else dropout.dropout(x, 0.5, rng=np.random.default_rng(3))
+    assert y.device == "cuda"
+    dropout._device_rngs.clear()
+
+
+def test_a_kernel_that_does_not_compile_falls_back_with_one_warning(gpu, monkeypatch):
+    monkeypatch.setattr(cuda_kernels, "_kernel_state", {})
+    with pytest.warns(RuntimeWarning, match="CUDA kernels for float32 failed to compile or run") as record:
+        x = tinymlp.tensor(np.random.default_rng(0).standard_normal((3, 5)), device="cuda", dtype="float32")
+        ln = tinymlp.nn.LayerNorm(5).to("cuda")
+        y = tinymlp.functional.gelu(ln(x))
+        y.sum().backward()
+        tinymlp.functional.gelu(ln(x)).sum().backward()         # a second step: no second warning
+    assert len([w for w in record if "CUDA kernels" in str(w.message)]) == 1
+    expected = tinymlp.functional.gelu(ln.to("cpu")(tinymlp.tensor(x.data.get()).float()))
+    np.testing.assert_allclose(y.data.get(), expected.data, rtol=1e-6, atol=1e-6)
+
+
+def test_get_cupy_turns_a_failing_first_kernel_into_one_line(gpu, monkeypatch):
+    def broken(*args, **kwargs):
+        raise CompileException("cannot open source file \"cuda_fp16.h\"\n(long NVRTC log)")
+
+    monkeypatch.setattr(gpu, "arange", broken, raising=False)
+    with pytest.raises(tinymlp.CudaUnavailableError) as err:
+        backend.get_cupy("cuda")
+    message = str(err.value)
+    assert "\n" not in message and "an elementwise float32 kernel failed on the GPU" in message
+    assert "cuda_fp16.h" in message and '"cupy-cuda12x[ctk]"' in message and "python -m tinymlp doctor" in message
+    assert "tinymlp[" not in message
+
+
+def test_doctor_reports_a_gpu_that_cannot_run_a_kernel(gpu, monkeypatch, capsys):
+    from tinymlp.__main__ import doctor
+
+    def broken(*args, **kwargs):
+        raise CompileException("cannot open source file \"cuda_fp16.h\"")
+
+    monkeypatch.setattr(gpu, "arange", broken, raising=False)
+    assert doctor() == 0                                   # the CPU still works
+    out = capsys.readouterr().out
+    assert "kernels: FAILED: an elementwise float32 kernel failed on the GPU" in out
+    assert out.strip().splitlines()[-1].startswith("CPU ready; CUDA: NOT READY: an elementwise float32 kernel")
+
+
+def test_doctor_says_ready_and_names_the_kernel_fallback(gpu, monkeypatch, capsys):
+    from tinymlp.__main__ import doctor
+    monkeypatch.setattr(cuda_kernels, "_kernel_state", {})
+    with pytest.warns(RuntimeWarning, match="CUDA kernels"):
+        assert doctor() == 0
+    out = capsys.readouterr().out
+    assert "kernels: ok" in out and "the fast tier's CUDA kernels do not compile (CompileException" in out
+    assert "CUDA: ready" in out.strip().splitlines()[-1]
+
+
+def test_setup_cfg_cuda_extras_bring_the_cuda_libraries():
+    import configparser
+    from pathlib import Path
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).parents[1] / "setup.cfg")
+    extras = cfg["options.extras_require"]
+    assert "cupy-cuda12x[ctk]" in extras["cuda12"] and "cupy-cuda13x[ctk]" in extras["cuda13"]
+
+
+def test_no_lesson_suggests_installing_the_pypi_name_tinymlp():
+    from pathlib import Path
+    root = Path(__file__).parents[1] / "lessons"
+    offenders = [p.name for p in root.rglob("*") if p.suffix in (".py", ".ipynb", ".md")
+                 and "tinymlp[" in p.read_text(encoding="utf-8")]
+    assert offenders == []
