@@ -448,3 +448,33 @@ def test_no_lesson_suggests_installing_the_pypi_name_tinymlp():
     offenders = [p.name for p in root.rglob("*") if p.suffix in (".py", ".ipynb", ".md")
                  and "tinymlp[" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+def test_fit_reports_the_first_steps_warmup_apart_from_images_per_sec():
+    import time
+
+    from tinymlp.data import DataLoader, SyntheticImages
+    from tinymlp.train import fit, format_epoch
+
+    class SlowFirstCall(tinymlp.nn.Module):          # a first step that compiles for a second
+        def __init__(self):
+            super().__init__()
+            self.inner = tinymlp.models.create("mixer_cifar", depth=1, dim=16, token_mlp_dim=8,
+                                               channel_mlp_dim=16, seed=0)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(1.0)
+            return self.inner(x)
+
+    model = SlowFirstCall()
+    loader = DataLoader(SyntheticImages(32, seed=0), 8, shuffle=False)
+    history = fit(model, tinymlp.optim.SGD(model.parameters(), lr=0.01), loader, epochs=1, progress=False)
+    assert history.warmup_time[0] >= 1.0
+    assert history.images_per_sec[0] > 100          # 24 images after the first step, not 32 in over 1 s
+    assert "first step 1." in format_epoch(history)
+    later = fit(model, tinymlp.optim.SGD(model.parameters(), lr=0.01), loader, epochs=2, start_epoch=1,
+                history=history, progress=False)
+    assert later.warmup_time[1] is not None and len(later.to_dict()["warmup_time"]) == 2

@@ -220,7 +220,8 @@ if GPU:
     model = create("mixer_cifar", depth=2, seed=0).to("cuda")
     history = fit(model, AdamW(model.parameters(), lr=1e-3), loader, epochs=1, progress=False)
     print(f"one epoch on the GPU: loss {history.train_loss[-1]:.3f}, "
-          f"{history.images_per_sec[-1]:.0f} images/s (including the first epoch's warm-up)")
+          f"{history.images_per_sec[-1]:.0f} images/s after the first step, which took "
+          f"{history.warmup_time[-1]:.1f} s (CuPy compiling its kernels)")
 else:
     print("no GPU: skipped the one-epoch run on 'cuda' (lesson 11 trains on the CPU)")
 print(f"lesson 9 ran in {time.perf_counter() - lesson_start:.0f} s")
