@@ -276,6 +276,7 @@ def _make_module():
     m.ElementwiseKernel = m.RawModule = m.ReductionKernel = m.RawKernel = _no_kernel
 
     uploads = {"asarray", "array", "asanyarray"}
+    host_arguments = {"split", "array_split"}
 
     def module_getattr(name):
         if name.startswith("__"):
@@ -289,7 +290,11 @@ def _make_module():
                 args = tuple(a._a if isinstance(a, DeviceArray) else a for a in args)
                 return DeviceArray(np.array(args[0], *args[1:], **kwargs) if name == "array"
                                    else np.asarray(*args, **kwargs))
-            result = attr(*_unwrap(args, name), **_unwrap(kwargs, name))
+            if name in host_arguments:                      # e.g. split's indices: read on the host by CuPy too
+                args = (_unwrap(args[0], name), *_unwrap(args[1:], name, allow_host=True))
+            else:
+                args = _unwrap(args, name)
+            result = attr(*args, **_unwrap(kwargs, name, allow_host=name in host_arguments))
             return result if name in ("may_share_memory", "shares_memory") else _wrap(result)
 
         function.__name__ = name
@@ -478,3 +483,103 @@ def test_fit_reports_the_first_steps_warmup_apart_from_images_per_sec():
     later = fit(model, tinymlp.optim.SGD(model.parameters(), lr=0.01), loader, epochs=2, start_epoch=1,
                 history=history, progress=False)
     assert later.warmup_time[1] is not None and len(later.to_dict()["warmup_time"]) == 2
+
+
+# ============================================================================ whole steps on the "GPU"
+SMALL = {
+    "mixer_cifar": dict(depth=2, dim=16, token_mlp_dim=8, channel_mlp_dim=32, dropout=0.1),
+    "gmlp_cifar": dict(depth=2, dim=16, ffn_dim=32),
+    "amlp_cifar": dict(depth=2, dim=16, ffn_dim=32, attn_dim=8),
+    "vit_cifar": dict(depth=2, dim=16, heads=2, mlp_dim=32),
+}
+
+
+def small_model(name, device="cuda"):
+    return tinymlp.models.create(name, seed=0, **SMALL[name]).to(device)
+
+
+def one_step(model, images, labels, optimizer, scheduler=None):
+    logits = model(images)
+    loss = tinymlp.functional.cross_entropy(logits, labels)
+    optimizer.zero_grad()
+    loss.backward()
+    tinymlp.optim.clip_grad_norm(model.parameters(), 1.0, sync=False)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return loss
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "reference"])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_a_training_step_of_each_model_reads_nothing_back(gpu, name, fast):
+    rng = np.random.default_rng(0)
+    images = rng.random((4, 3, 32, 32)).astype(np.float32)
+    labels = rng.integers(0, 10, size=4)
+    with tinymlp.fast.enabled() if fast else tinymlp.fast.disabled():
+        model = small_model(name)
+        optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+        scheduler = tinymlp.optim.WarmupCosine(optimizer, warmup_steps=2, total_steps=10)
+        x, y = tinymlp.tensor(images, device="cuda"), tinymlp.tensor(labels, device="cuda")
+        one_step(model, x, y, optimizer, scheduler)                 # the first step builds the state
+        with no_host_reads():
+            loss = one_step(model, x, y, optimizer, scheduler)
+        assert all(isinstance(p.data, gpu.ndarray) for p in model.parameters())
+        # the same step on the CPU gives the same loss: the device path computes what NumPy does
+        cpu = small_model(name, "cpu")
+        cpu_opt = tinymlp.optim.AdamW(cpu.parameters(), lr=1e-3, weight_decay=0.05)
+        cpu_sched = tinymlp.optim.WarmupCosine(cpu_opt, warmup_steps=2, total_steps=10)
+        cx, cy = tinymlp.tensor(images), tinymlp.tensor(labels)
+        one_step(cpu, cx, cy, cpu_opt, cpu_sched)
+        cpu_loss = one_step(cpu, cx, cy, cpu_opt, cpu_sched)
+    if name != "mixer_cifar":              # (the Mixer's dropout draws differ between the devices)
+        np.testing.assert_allclose(loss.data.get(), cpu_loss.data, rtol=1e-4)
+
+
+def test_two_steps_of_fit_with_the_loader_and_augmentations_read_only_the_epochs_metrics(gpu):
+    from tinymlp.data import DataLoader, SyntheticImages, transforms
+    from tinymlp.train import fit
+
+    data = SyntheticImages(16, seed=0)
+    augment = transforms.Compose([transforms.RandomCrop(4), transforms.HorizontalFlip(),
+                                  transforms.Normalize(data.mean, data.std), transforms.Mixup(0.2, 10)])
+    loader = DataLoader(data, 8, shuffle=True, transform=augment, device="cuda", rng=0)
+    model = small_model("mixer_cifar")
+    optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3)
+    before = READS.count
+    history = fit(model, optimizer, loader, epochs=1, clip=1.0, progress=False, sync_every=100)
+    reads = READS.where[-(READS.count - before):] if READS.count > before else []
+    assert READS.count - before == 1, f"fit read the device {READS.count - before} times: {reads}"
+    assert "get()" in reads[0] and history.steps == [2] and np.isfinite(history.train_loss[0])
+
+
+def test_checkpoint_save_and_load_from_the_gpu(gpu, tmp_path):
+    from tinymlp import checkpoint
+    model = small_model("gmlp_cifar")
+    optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3)
+    x = tinymlp.tensor(np.random.default_rng(0).random((2, 3, 32, 32)), device="cuda", dtype="float32")
+    one_step(model, x, tinymlp.tensor(np.array([1, 2]), device="cuda"), optimizer)
+    checkpoint.save(tmp_path / "run.npz", model, optimizer, epoch=1)
+    restored = small_model("gmlp_cifar")
+    restored_opt = tinymlp.optim.AdamW(restored.parameters(), lr=1e-3)
+    checkpoint.load(tmp_path / "run.npz", restored, restored_opt)
+    for (name, p), q in zip(model.named_parameters(), restored.parameters()):
+        assert isinstance(q.data, gpu.ndarray), name
+        np.testing.assert_array_equal(p.data.get(), q.data.get(), err_msg=name)
+    on_cpu = small_model("gmlp_cifar", "cpu")
+    checkpoint.load(tmp_path / "run.npz", on_cpu)                 # a GPU run loads on a laptop
+    np.testing.assert_array_equal(next(iter(on_cpu.parameters())).data, next(iter(model.parameters())).data.get())
+
+
+def test_from_timm_onto_the_gpu(gpu):
+    from tinymlp import interop
+    cpu = tinymlp.models.create("mixer_cifar", seed=1, **SMALL["mixer_cifar"])
+    state = {name: np.array(value) for name, value in interop.to_timm(cpu).items()}   # timm's names, NumPy
+    model = interop.from_timm(state, gelu="tanh").to("cuda")
+    x = np.random.default_rng(0).random((2, 3, 32, 32)).astype(np.float32)
+    model.eval()
+    cpu.eval()
+    with tinymlp.no_grad(), no_host_reads():
+        logits = model(tinymlp.tensor(x, device="cuda"))
+    assert isinstance(logits.data, gpu.ndarray)
+    np.testing.assert_allclose(logits.data.get(), cpu(tinymlp.tensor(x)).data, rtol=1e-4, atol=1e-5)
