@@ -9,6 +9,7 @@ A *stand-in* for CuPy (NumPy underneath) is registered as the ``cupy`` module, s
 - reductions give 0-d device arrays, never host scalars;
 - every host read (``get``, ``item``, ``float``, ``bool``, ``int``, ``tolist``, ...) is counted:
   on a GPU each one waits for every queued kernel, so none may happen inside a training step;
+  so is every upload (``xp.asarray`` of host data), to find constants sent again at each step;
 - ``lib.stride_tricks.sliding_window_view`` validates its window shape on the device and reads
   the verdict back, as CuPy's does (one of the few CuPy-internal reads modelled here);
 - it has no kernels: ``ElementwiseKernel``, ``RawModule`` and ``ReductionKernel`` fail when
@@ -49,11 +50,12 @@ class HostReads:
         import traceback
 
         self.count += 1
-        frame = [f for f in traceback.extract_stack()[:-3] if "test_cuda_without_gpu" not in f.filename]
+        frame = [f for f in traceback.extract_stack() if "/tinymlp/" in f.filename.replace("\\", "/")]
         self.where.append(f"{what} at {frame[-1].filename}:{frame[-1].lineno}" if frame else what)
 
 
 READS = HostReads()
+UPLOADS = HostReads()       # host-to-device copies (xp.asarray / xp.array of host data)
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")
 
@@ -233,6 +235,23 @@ def _no_kernel(*args, **kwargs):
     return Kernel()
 
 
+class _UFunc:
+    """cupy.add, cupy.exp, ...: device operands only, with their methods (``add.at``, ``reduce``)."""
+
+    def __init__(self, ufunc):
+        self._u = ufunc
+        self.__name__ = ufunc.__name__
+
+    def __call__(self, *args, **kwargs):
+        return _wrap(self._u(*_unwrap(args, self.__name__), **_unwrap(kwargs, self.__name__)))
+
+    def __getattr__(self, name):
+        attr = getattr(self._u, name)
+        if not callable(attr):
+            return attr
+        return lambda *a, **k: _wrap(attr(*_unwrap(a, self.__name__), **_unwrap(k, self.__name__)))
+
+
 class _Generator:
     """cupy.random.Generator: draws on the device."""
 
@@ -284,9 +303,13 @@ def _make_module():
         attr = getattr(np, name)
         if isinstance(attr, type) or not callable(attr):
             return attr                                    # dtypes (cupy.float32 is numpy.float32), constants
+        if isinstance(attr, np.ufunc):
+            return _UFunc(attr)
 
         def function(*args, **kwargs):
             if name in uploads:
+                if not isinstance(args[0], DeviceArray):
+                    UPLOADS.record(f"{name}()")
                 args = tuple(a._a if isinstance(a, DeviceArray) else a for a in args)
                 return DeviceArray(np.array(args[0], *args[1:], **kwargs) if name == "array"
                                    else np.asarray(*args, **kwargs))
@@ -325,8 +348,10 @@ def gpu(monkeypatch):
     monkeypatch.setattr(backend, "_cuda_checked", {})
     monkeypatch.setattr(cuda_kernels, "_kernel_state", {np.dtype(np.float32): "CompileException: stand-in",
                                                          np.dtype(np.float64): "CompileException: stand-in"})
+    monkeypatch.setattr(backend, "_device_constants", {})
     cuda_kernels._cupy.cache_clear()
     READS.count, READS.where = 0, []
+    UPLOADS.count, UPLOADS.where = 0, []
     yield standin
     cuda_kernels._cupy.cache_clear()
 
@@ -583,3 +608,24 @@ def test_from_timm_onto_the_gpu(gpu):
         logits = model(tinymlp.tensor(x, device="cuda"))
     assert isinstance(logits.data, gpu.ndarray)
     np.testing.assert_allclose(logits.data.get(), cpu(tinymlp.tensor(x)).data, rtol=1e-4, atol=1e-5)
+
+
+def test_constants_are_uploaded_once_per_device(gpu):
+    from tinymlp.data import transforms
+    images = gpu.asarray(np.random.default_rng(0).random((2, 3, 8, 8)).astype(np.float32))
+    mean, std = np.array([0.5, 0.4, 0.3]), np.array([0.2, 0.2, 0.25])
+    first = transforms.normalize(images, mean, std).get()
+    transforms.resize(images, 12)
+    before = UPLOADS.count
+    again = transforms.normalize(images, mean, std)
+    transforms.resize(images, 12)
+    assert UPLOADS.count == before, UPLOADS.where[before:]
+    np.testing.assert_array_equal(again.get(), first)
+    np.testing.assert_allclose(first, (images.get() - mean[:, None, None]) / std[:, None, None], rtol=1e-5, atol=1e-6)
+
+    model = tinymlp.models.create("gmlp_cifar", seed=0, depth=1, dim=8, ffn_dim=16, toeplitz="2d").to("cuda")
+    x = tinymlp.tensor(np.ones((2, 3, 32, 32)), device="cuda", dtype="float32")
+    model(x).sum().backward()
+    before = UPLOADS.count
+    model(x).sum().backward()
+    assert UPLOADS.count == before, UPLOADS.where[before:]

@@ -30,6 +30,7 @@ __all__ = [
     "cuda_ready",
     "add_cuda_check",
     "INSTALL_CUPY",
+    "device_constant",
     "device_of",
     "get_cupy",
     "is_float_dtype",
@@ -276,6 +277,30 @@ def to_device(x, device):
         return x
     with cupy.cuda.Device(0):
         return cupy.asarray(x)
+
+
+_device_constants = {}   # (id(array module), key) -> device array, least recently used first
+MAX_DEVICE_CONSTANTS = 64
+
+
+def device_constant(xp, key, make):
+    """A small constant array on ``xp``'s device, uploaded once and then reused.
+
+    ``make()`` builds it on the host (NumPy); ``key`` (hashable) names it: everything the array
+    depends on, dtype included (e.g. ``("toeplitz_index", 8, 8)``). On the CPU this is just
+    ``make()``. On CUDA it saves an upload (a host-to-device copy on the critical path) per use:
+    Toeplitz indices, normalisation statistics, interpolation matrices. The array is shared:
+    never write into it. The ``MAX_DEVICE_CONSTANTS`` most recently used are kept."""
+    if xp is np:
+        return make()
+    full_key = (id(xp), key)
+    value = _device_constants.pop(full_key, None)
+    if value is None:
+        value = xp.asarray(make())
+    _device_constants[full_key] = value
+    while len(_device_constants) > MAX_DEVICE_CONSTANTS:
+        del _device_constants[next(iter(_device_constants))]
+    return value
 
 
 def is_float_dtype(dtype) -> bool:

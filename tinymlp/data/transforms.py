@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import array_module, device_constant
 
 __all__ = [
     "CutMix", "Compose", "HorizontalFlip", "Mixup", "Normalize", "RandomCrop", "Resize",
@@ -69,8 +69,14 @@ def normalize(images, mean, std):
     """Per-channel standardisation: (x - mean[c]) / std[c], in the dtype of ``images``."""
     xp = array_module(images)
     shape = (1, -1) + (1,) * (images.ndim - 2)
-    mean = xp.asarray(mean, dtype=images.dtype).reshape(shape)
-    inv_std = 1 / xp.asarray(std, dtype=images.dtype).reshape(shape)
+    dtype = np.dtype(images.dtype)
+    if isinstance(mean, (np.ndarray, list, tuple, int, float)) and isinstance(std, (np.ndarray, list, tuple, int, float)):
+        key = ("normalize", dtype.str, np.asarray(mean, np.float64).tobytes(), np.asarray(std, np.float64).tobytes())
+        mean = device_constant(xp, key + ("mean",), lambda: np.asarray(mean, dtype=dtype).reshape(shape))
+        inv_std = device_constant(xp, key + ("1/std",), lambda: 1 / np.asarray(std, dtype=dtype).reshape(shape))
+    else:                                                    # statistics already on the device
+        mean = xp.asarray(mean, dtype=images.dtype).reshape(shape)
+        inv_std = 1 / xp.asarray(std, dtype=images.dtype).reshape(shape)
     out = images - mean
     out *= inv_std
     return out
@@ -108,8 +114,11 @@ def resize(images, size):
     if (h, w) == (H, W):
         return images
     xp = array_module(images)
-    rows = xp.asarray(_bilinear_weights(H, h), dtype=images.dtype)     # (h, H)
-    cols = xp.asarray(_bilinear_weights(W, w).T, dtype=images.dtype)   # (W, w)
+    dtype = np.dtype(images.dtype)                                    # uploaded once per size:
+    rows = device_constant(xp, ("resize", H, h, dtype.str),
+                           lambda: _bilinear_weights(H, h).astype(dtype))           # (h, H)
+    cols = device_constant(xp, ("resize_T", W, w, dtype.str),
+                           lambda: np.ascontiguousarray(_bilinear_weights(W, w).T, dtype=dtype))  # (W, w)
     tall = xp.matmul(rows, images)                                    # (..., h, W): along the height
     out = tall.reshape(-1, W) @ cols                                  # (... h, w): along the width
     return out.reshape(*images.shape[:-2], h, w)
