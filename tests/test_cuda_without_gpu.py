@@ -10,15 +10,17 @@ A *stand-in* for CuPy (NumPy underneath) is registered as the ``cupy`` module, s
 - every host read (``get``, ``item``, ``float``, ``bool``, ``int``, ``tolist``, ...) is counted:
   on a GPU each one waits for every queued kernel, so none may happen inside a training step;
   so is every upload (``xp.asarray`` of host data), to find constants sent again at each step;
-- ``lib.stride_tricks.sliding_window_view`` validates its window shape on the device and reads
-  the verdict back, as CuPy's does (one of the few CuPy-internal reads modelled here);
+- a few CuPy-internal reads are modelled and counted too: ``nonzero``/``flatnonzero``/``argwhere``
+  and indexing with a boolean device mask (CuPy reads the number of True values back to size
+  the result), ``lib.stride_tricks.sliding_window_view`` (it validates the window shape on the
+  device and reads the verdict back);
 - it has no kernels: ``ElementwiseKernel``, ``RawModule`` and ``ReductionKernel`` fail when
   compiled, like a CuPy without the CUDA headers, so the fast tier's kernels fall back to its
   array code (with one warning).
 
 What it cannot see: timings; the maths of the CUDA kernels (``tests/test_cuda.py`` checks them
-on a GPU); CuPy-internal synchronisations other than the one modelled above (allocator
-pressure, ``cupy.nonzero`` and friends sizing their output, cuRAND setup);
+on a GPU); CuPy-internal synchronisations other than those modelled above (allocator pressure,
+``cupy.unique``, cuRAND setup, ...);
 asynchronous errors; memory use; more than one stream.
 """
 
@@ -90,6 +92,13 @@ def _wrap(value):
     if isinstance(value, list):
         return [_wrap(v) for v in value]
     return value
+
+
+def _count_mask_read(key):
+    """CuPy sizes the result of boolean-mask indexing by reading the mask's count back."""
+    for k in key if isinstance(key, tuple) else (key,):
+        if isinstance(k, DeviceArray) and k.dtype == bool:
+            READS.record("boolean mask indexing")
 
 
 class _Device:
@@ -188,9 +197,11 @@ class DeviceArray(NDArrayOperatorsMixin):
         return (DeviceArray(np.asarray(v)) for v in self._a)
 
     def __getitem__(self, key):
+        _count_mask_read(key)
         return _wrap(self._a[_unwrap(key, "indexing", allow_host=True)])
 
     def __setitem__(self, key, value):
+        _count_mask_read(key)
         self._a[_unwrap(key, "indexing", allow_host=True)] = _unwrap(value, "assignment", allow_host=True)
 
     def __getattr__(self, name):
@@ -199,6 +210,8 @@ class DeviceArray(NDArrayOperatorsMixin):
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)
+        if name == "nonzero":
+            READS.record("nonzero()")
 
         def method(*args, **kwargs):
             return _wrap(attr(*_unwrap(args, name), **_unwrap(kwargs, name)))
@@ -296,6 +309,7 @@ def _make_module():
 
     uploads = {"asarray", "array", "asanyarray"}
     host_arguments = {"split", "array_split"}
+    sizes_on_host = {"nonzero", "flatnonzero", "argwhere"}        # CuPy reads the count back
 
     def module_getattr(name):
         if name.startswith("__"):
@@ -317,6 +331,8 @@ def _make_module():
                 args = (_unwrap(args[0], name), *_unwrap(args[1:], name, allow_host=True))
             else:
                 args = _unwrap(args, name)
+            if name in sizes_on_host:
+                READS.record(f"{name}()")
             result = attr(*args, **_unwrap(kwargs, name, allow_host=name in host_arguments))
             return result if name in ("may_share_memory", "shares_memory") else _wrap(result)
 
@@ -629,3 +645,44 @@ def test_constants_are_uploaded_once_per_device(gpu):
     before = UPLOADS.count
     model(x).sum().backward()
     assert UPLOADS.count == before, UPLOADS.where[before:]
+
+
+def test_a_masked_lm_step_takes_the_mask_positions_from_the_loader(gpu):
+    from tinymlp.data.text import MaskedLMLoader, TokenDataset
+    from tinymlp.models import TextGMLP
+    ids = np.random.default_rng(0).integers(5, 40, size=(8, 12))
+    ids[:, -3:] = 0                                                    # padding
+    loader = MaskedLMLoader(TokenDataset(ids, np.zeros(8), (), vocab_size=40), 4, device="cuda", rng=0)
+    model = TextGMLP(40, seq_len=12, dim=16, depth=1, ffn_dim=32, num_classes=0, lm_head=True).to("cuda")
+    optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = iter(loader)
+    x, y = next(batches)
+    one_step(model, x, y, optimizer)
+    x, y = next(batches)
+    with no_host_reads():
+        loss = one_step(model, x, y, optimizer)
+    masked = x.data.get() == 4
+    np.testing.assert_array_equal(x.mask_positions.get(), np.flatnonzero(masked))
+    assert model(x).shape == (int(masked.sum()), 40) and loss.device == "cuda"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"], ids=["on-cpu", "on-standin"])
+def test_loaders_refuse_out_of_range_labels_and_token_ids_on_the_host(gpu, device):
+    from tinymlp.data import DataLoader, ImageDataset
+    from tinymlp.data.text import MaskedLMLoader, TokenDataset, TokenLoader
+    images = np.zeros((6, 3, 4, 4), dtype=np.uint8)
+    data = ImageDataset(images, np.array([0, 1, 2, 1, 3, 0]), ("a", "b", "c"))
+    with pytest.raises(ValueError, match=r"DataLoader: label 3 in dataset row 4 must be in \[0, 3\); the dataset has 3 classes"):
+        list(DataLoader(data, 2, device=device))
+    data = ImageDataset(images, np.array([0, 1, -1, 1, 2, 0]), ("a", "b", "c"))
+    with pytest.raises(ValueError, match=r"label -1 in dataset row 2"):
+        list(DataLoader(data, 4, device=device))
+    ids = np.full((4, 6), 7)
+    ids[3, 2] = 50
+    tokens = TokenDataset(ids, np.array([0, 1, 1, 0]), ("neg", "pos"), vocab_size=50)
+    for loader in (TokenLoader(tokens, 2, device=device), MaskedLMLoader(tokens, 2, device=device)):
+        with pytest.raises(ValueError, match=r"token id 50 in dataset row 3 must be in \[0, 50\); the tokenizer has 50 ids"):
+            list(loader)
+    tokens = TokenDataset(np.ones((2, 3)), np.array([0, 2]), ("neg", "pos"))
+    with pytest.raises(ValueError, match=r"TokenLoader: label 2 in dataset row 1 must be in \[0, 2\)"):
+        list(TokenLoader(tokens, 2, device=device))
