@@ -58,6 +58,7 @@ import warnings
 import numpy as np
 
 from ..backend import add_cuda_check, array_module
+from .layout import inverse, memory_order
 
 __all__ = [
     "applies", "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
@@ -345,13 +346,26 @@ def _contiguous_rows(x):
     return x if x.flags.c_contiguous else _cupy().ascontiguousarray(x)
 
 
+def _dense_order(x):
+    """The axis order in which ``x`` is C-contiguous with its rows (last axis) innermost, when it
+    is not C order already (a token-major (B, S, C) array: (1, 0, 2)); None otherwise. The row
+    kernels then run on ``x.transpose(order)``, and their outputs are laid out like ``x``."""
+    if x.ndim < 3 or x.flags.c_contiguous:
+        return None
+    order = memory_order(x)
+    if order[-1] != x.ndim - 1 or not x.transpose(order).flags.c_contiguous:
+        return None
+    return order
+
+
 def layer_norm_forward(x, weight, bias, eps):
     """LayerNorm over the last axis of ``x`` (..., D): ``(y, xhat, rstd)``.
 
     y = xhat * weight + bias with xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps), as in
-    norm.py. ``weight`` / ``bias`` (D,) may be None (1 and 0). y and xhat have x's shape
-    (contiguous), rstd has shape x.shape[:-1]. x may be a view with evenly spaced rows
-    (e.g. ``z[..., e:]``): it is read in place.
+    norm.py. ``weight`` / ``bias`` (D,) may be None (1 and 0). y and xhat have x's shape,
+    rstd has shape x.shape[:-1]. x may be a view with evenly spaced rows (e.g. ``z[..., e:]``),
+    read in place into C-order outputs, or contiguous in another order of its leading axes
+    (token-major (B, S, C)), read in place into outputs laid out like x.
     """
     return _layer_norm_forward(x, weight, bias, eps, affine=True)
 
@@ -364,6 +378,11 @@ def layer_norm_normalize(x, eps):
 
 def _layer_norm_forward(x, weight, bias, eps, affine):
     cp = _cupy()
+    order = _dense_order(x)
+    if order is not None:                         # rows in another order (token-major): read in place
+        inv = inverse(order)
+        y, xhat, rstd = _layer_norm_forward(x.transpose(order), weight, bias, eps, affine)
+        return (None if y is None else y.transpose(inv)), xhat.transpose(inv), rstd.transpose(inv[:-1])
     _check("layer_norm_forward", x, weight, bias)
     d = x.shape[-1]
     layout = _rows(x)
@@ -402,11 +421,22 @@ def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dwei
     dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) with gw = g * weight (weight None
     means 1), dweight = sum over rows of g * xhat, dbias = sum over rows of g (see norm.py).
     ``out``: where to write dx (any array of x's shape with evenly spaced rows, e.g. a slice
-    ``dz[..., e:]`` of a larger gradient); a new array otherwise. A gradient that is not asked
+    ``dz[..., e:]`` of a larger gradient); a new array otherwise, laid out like xhat (a
+    token-major xhat is read, and dx written, in its memory order). A gradient that is not asked
     for (``need_*`` False) is returned as None and not computed.
     """
     cp = _cupy()
     _check("layer_norm_backward", g, xhat, rstd, weight)
+    order = _dense_order(xhat)
+    if order is not None:                         # xhat token-major: work in its memory order
+        inv = inverse(order)
+        dx, dweight, dbias = layer_norm_backward(
+            g.transpose(order), xhat.transpose(order), rstd.transpose(order[:-1]), weight,
+            out=None if out is None else out.transpose(order), need_dx=need_dx,
+            need_dweight=need_dweight, need_dbias=need_dbias)
+        if dx is not None:
+            dx = out if out is not None else dx.transpose(inv)
+        return dx, dweight, dbias
     d = xhat.shape[-1]
     g, xhat = _contiguous_rows(g), _contiguous_rows(xhat)
     g2, h2 = g.reshape(-1, d), xhat.reshape(-1, d)
@@ -472,16 +502,18 @@ def _sgu_backward_kernel():
                                      "tinymlp_sgu_gate_backward")
 
 
-def sgu_gate_forward(f, gamma, shift, z1, gate_residual=None):
+def sgu_gate_forward(f, gamma, shift, z1, gate_residual=None, out=None):
     """In one pass: ``f <- f * gamma + shift (+ gate_residual)`` (in place) and ``out = z1 * f``.
 
     f: (B, S, e) holding W_eff @ xhat on entry and F on return; gamma (e,); shift (S, e);
     z1 (B, S, e), may be a view (the first half of z); gate_residual (B, S, e) or None.
-    Returns ``out`` (B, S, e), a new array.
+    Returns ``out`` (B, S, e): the array given (any layout: the kernel writes through its
+    strides), or a new one.
     """
     cp = _cupy()
-    _check("sgu_gate_forward", f, gamma, shift, z1, gate_residual)
-    out = cp.empty(f.shape, dtype=f.dtype)
+    _check("sgu_gate_forward", f, gamma, shift, z1, gate_residual, out)
+    if out is None:
+        out = cp.empty(f.shape, dtype=f.dtype)
     if gate_residual is None:
         _sgu_forward_kernel(False)(gamma, shift, z1, f, out)
     else:
