@@ -686,3 +686,81 @@ def test_loaders_refuse_out_of_range_labels_and_token_ids_on_the_host(gpu, devic
     tokens = TokenDataset(np.ones((2, 3)), np.array([0, 2]), ("neg", "pos"))
     with pytest.raises(ValueError, match=r"TokenLoader: label 2 in dataset row 1 must be in \[0, 2\)"):
         list(TokenLoader(tokens, 2, device=device))
+
+
+def _emulated_row_kernel(name, dtype):
+    """The row kernels of ``cuda_kernels`` in NumPy, reading and writing memory as the CUDA code
+    does (rows every ``stride`` elements from the start of the array; outputs C-contiguous), so
+    that the layouts the Python side hands them are checked without a GPU."""
+    def run(grid, block, args):
+        n = grid[0]
+        if name == "layer_norm_forward":
+            x, stride, w, b, y, xhat, rstd, width, eps, affine = args
+            d, item = int(width), x.itemsize
+            X = np.lib.stride_tricks.as_strided(x._a, (n, d), (int(stride) * item, item))
+            mean = X.mean(axis=1, keepdims=True)
+            r = 1 / np.sqrt(((X - mean) ** 2).mean(axis=1, keepdims=True) + eps)
+            H = xhat._a.reshape(n, d)                # a view only when xhat is C-contiguous
+            H[...] = (X - mean) * r
+            assert np.shares_memory(H, xhat._a), "the kernel writes xhat as C-contiguous rows"
+            rstd._a.reshape(n)[...] = r[:, 0]
+            if affine:
+                Y = y._a.reshape(n, d)
+                Y[...] = H * w._a + b._a
+                assert np.shares_memory(Y, y._a)
+        elif name == "layer_norm_backward":
+            g, xhat, rstd, w, dx, stride, width = args
+            d, item = int(width), g.itemsize
+            G, H = g._a.reshape(n, d), xhat._a.reshape(n, d)
+            assert g._a.flags.c_contiguous and xhat._a.flags.c_contiguous and rstd._a.flags.c_contiguous
+            gw = G * w._a
+            D = np.lib.stride_tricks.as_strided(dx._a, (n, d), (int(stride) * item, item))
+            D[...] = rstd._a.reshape(n, 1) * (gw - gw.mean(axis=1, keepdims=True)
+                                              - H * (gw * H).mean(axis=1, keepdims=True))
+        else:
+            raise CompileException(name)
+    return run
+
+
+def test_the_cuda_layer_norm_reads_and_writes_token_major_rows_in_place(gpu, monkeypatch):
+    monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_row_kernel)
+    monkeypatch.setattr(cuda_kernels, "_column_dot_kernel", lambda: (lambda a, b, axis: (a * b).sum(axis=axis)))
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal((3, 5, 8)).astype(np.float32)                        # (B, S, C)
+    token_major = lambda a: gpu.asarray(np.ascontiguousarray(a.transpose(1, 0, 2))).transpose(1, 0, 2)  # noqa: E731
+    x, w, b = token_major(host), gpu.asarray(rng.random(8, dtype=np.float32)), gpu.asarray(rng.random(8, dtype=np.float32))
+    y, xhat, rstd = cuda_kernels.layer_norm_forward(x, w, b, 1e-5)
+    for a in (y, xhat, rstd):
+        assert a.transpose(1, 0, *range(2, a.ndim)).flags.c_contiguous, "laid out like x (token-major)"
+    mean, var = host.mean(-1, keepdims=True), host.var(-1, keepdims=True)
+    ref_xhat = (host - mean) / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(y.get(), ref_xhat * w.get() + b.get(), rtol=1e-5, atol=1e-5)
+    g_host = rng.standard_normal(host.shape).astype(np.float32)
+    dx, dw, db = cuda_kernels.layer_norm_backward(token_major(g_host), xhat, rstd, w)
+    assert dx.transpose(1, 0, 2).flags.c_contiguous
+    gw = g_host * w.get()
+    ref_dx = (gw - gw.mean(-1, keepdims=True) - ref_xhat * (gw * ref_xhat).mean(-1, keepdims=True)) \
+        / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(dx.get(), ref_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw.get(), (g_host * ref_xhat).sum(axis=(0, 1)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db.get(), g_host.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_in_place_guard_on_the_gpu_sees_writes_through_tinymlp_and_says_data_writes_are_cpu_only(gpu):
+    from pathlib import Path
+    w = tinymlp.tensor(np.ones(3), device="cuda", requires_grad=True)
+    loss = (w * w).sum()
+    with tinymlp.no_grad():
+        w -= 0.1                                             # a write through tinymlp: seen on the GPU
+    with pytest.raises(RuntimeError, match="modified in place|changed"):
+        loss.backward()
+    w2 = tinymlp.tensor(np.ones(3), device="cuda", requires_grad=True)
+    loss2 = (w2 * w2).sum()
+    with no_host_reads():
+        w2.data[...] = 2.0                                   # not checksummed on the GPU: no read
+    loss2.backward()
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### On a GPU", 1)[1].split("\n## ", 1)[0]
+    assert "in-place guard" in section and "t.data[...] = v" in section
+    assert "On the CPU\n        only" in tinymlp.Tensor.data.__doc__
+    assert "CPU arrays only" in tinymlp.autograd.before_raw_access.__doc__
