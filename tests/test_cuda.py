@@ -412,3 +412,83 @@ def test_doctor_runs_an_op_on_the_gpu(capsys):
     out = capsys.readouterr().out
     assert "cupy" in out and "cuda    runtime" in out
     assert "tiny op: ok" in out.split("cuda    runtime", 1)[1]
+
+
+# ============================================================================ no host sync, the headline command
+def test_fit_runs_inside_allow_synchronize_false_but_for_the_epochs_metrics(cp, monkeypatch):
+    """A few steps of fit() (loader, crop, flip, normalize, clip, AdamW, schedule) with CuPy
+    refusing every device-to-host synchronisation, except the end-of-epoch read of the metrics."""
+    import cupyx
+
+    from tinymlp import train
+    from tinymlp.data import Compose, DataLoader, HorizontalFlip, Normalize, RandomCrop, SyntheticImages
+
+    data = SyntheticImages(num_images=64, seed=0)
+    augment = Compose([RandomCrop(4), HorizontalFlip(), Normalize(data.mean, data.std)])
+    loader = DataLoader(data, batch_size=16, shuffle=True, rng=0, transform=augment, device="cuda")
+    model = tinymlp.models.create("mixer_cifar", depth=2, dim=32, token_mlp_dim=16, channel_mlp_dim=64,
+                                  seed=0).to("cuda")
+    optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    schedule = tinymlp.optim.WarmupCosine(optimizer, warmup_steps=2, total_steps=4)
+    next(iter(loader))                           # compile the loader's kernels outside the check
+    reads, read = [], train._to_host
+
+    def allowed_read(*scalars):
+        reads.append(len(scalars))
+        with cupyx.allow_synchronize(True):
+            return read(*scalars)
+
+    monkeypatch.setattr(train, "_to_host", allowed_read)
+    with cupyx.allow_synchronize(False):
+        history = train.fit(model, optimizer, loader, epochs=1, scheduler=schedule, clip=1.0, progress=False,
+                            sync_every=10_000)
+    assert reads == [2] and history.steps == [4] and np.isfinite(history.train_loss[0])
+
+
+def test_the_headline_command_trains_one_synthetic_epoch_on_the_gpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(root / "examples" / "train_cifar_mixer.py"), "--device", "cuda",
+                           "--dataset", "synthetic", "--synthetic-size", "512", "--epochs", "1", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for name in ("checkpoint.npz", "metrics.json", "curves.png", "token_mixing.png"):
+        assert (out / name).stat().st_size > 0, name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert json.dumps(metrics).count("images_per_sec") >= 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_kernels_keep_a_token_major_layout(cp, dtype):
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal((3, 5, 33)).astype(dtype)
+    x = cp.ascontiguousarray(cp.asarray(host).transpose(1, 0, 2)).transpose(1, 0, 2)   # token-major (B, S, C)
+    w, b = gpu(rng.random(33), dtype), gpu(rng.random(33), dtype)
+    y, xhat, rstd = cuda_kernels.layer_norm_forward(x, w, b, 1e-5)
+    assert y.transpose(1, 0, 2).flags.c_contiguous and xhat.transpose(1, 0, 2).flags.c_contiguous
+    mean, var = host.mean(-1, keepdims=True), host.var(-1, keepdims=True)
+    expected = (host - mean) / np.sqrt(var + 1e-5) * to_device(w, "cpu") + to_device(b, "cpu")
+    assert_close(y, expected, dtype, "token-major LayerNorm")
+    g = cp.ascontiguousarray(cp.asarray(rng.standard_normal(host.shape).astype(dtype)).transpose(1, 0, 2)).transpose(1, 0, 2)
+    dx, _, _ = cuda_kernels.layer_norm_backward(g, xhat, rstd, w)
+    assert dx.transpose(1, 0, 2).flags.c_contiguous
+    gw = to_device(g, "cpu") * to_device(w, "cpu")
+    xh = (host - mean) / np.sqrt(var + 1e-5)
+    assert_close(dx, (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True))
+                 / np.sqrt(var + 1e-5), dtype, "token-major LayerNorm backward")
+
+
+def test_sgu_gate_kernel_writes_into_a_strided_out(cp):
+    rng = np.random.default_rng(0)
+    f, z1 = (rng.standard_normal((2, 4, 6)).astype(np.float32) for _ in range(2))
+    gamma, shift = rng.random(6).astype(np.float32), rng.random((4, 6)).astype(np.float32)
+    out = cp.zeros((4, 2, 6), dtype=np.float32).transpose(1, 0, 2)           # (B, S, e) token-major
+    got = cuda_kernels.sgu_gate_forward(gpu(f), gpu(gamma), gpu(shift), gpu(z1), out=out)
+    assert got is out
+    assert_close(out, z1 * (f * gamma + shift), np.float32, "sgu gate into out")

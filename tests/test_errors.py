@@ -265,7 +265,7 @@ def test_cuda_without_cupy_says_so_and_offers_the_cpu(monkeypatch):
     err = cuda_message()
     message = str(err)
     assert err.reason == "CuPy is not installed" and "device 'cuda' is not available: CuPy is not installed" in message
-    assert 'pip install -e ".[cuda12]"' in message and "pip install cupy-cuda12x" in message
+    assert 'pip install -e ".[cuda12]"' in message and 'pip install "cupy-cuda12x[ctk]"' in message
     assert_good_advice(message)
 
 

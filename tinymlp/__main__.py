@@ -80,6 +80,16 @@ def doctor() -> int:
     runtime = cupy.cuda.runtime.runtimeGetVersion()
     driver = cupy.cuda.runtime.driverGetVersion()
     print(f"cuda    runtime {runtime // 1000}.{runtime % 1000 // 10}, driver {driver // 1000}.{driver % 1000 // 10}, {count} device(s)")
+    not_ready = backend.cuda_ready(cupy)   # an elementwise kernel, a matmul, the fast tier's LayerNorm
+    print(f"        kernels: {'ok' if not_ready is None else 'FAILED: ' + not_ready}")
+    if not_ready is not None:
+        print(f"        {backend.INSTALL_CUPY}")
+        print(f"{cpu_verdict}; CUDA: NOT READY: {not_ready}")
+        return status
+    from .fast import cuda_kernels
+    fallback = cuda_kernels.kernel_failure(np.float32)
+    if fallback is not None:
+        print(f"        the fast tier's CUDA kernels do not compile ({fallback}): its array code runs instead (slower)")
     for index in range(count):
         props = cupy.cuda.runtime.getDeviceProperties(index)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]

@@ -324,8 +324,11 @@ class _NoGraphContext:
 #
 # Nothing is copied and nothing is read in a step that does neither (the cost is a few small
 # objects per saved input). Not seen: a write through an array taken from ``.data`` *before*
-# the forward pass that saved it. On the GPU the versions are checked, the checksums are not
-# (they would read device memory back and stall the device).
+# the forward pass that saved it.
+#
+# The checksum route is CPU-only: on the GPU the versions are checked (writes through tinymlp
+# are refused on both devices), but no checksum is taken (it would read device memory back
+# and stall every step), so a write through ``t.data`` of a CUDA tensor is not seen there.
 
 
 class Storage:
@@ -374,7 +377,9 @@ def mark_written(t: Tensor) -> None:
 
 def before_raw_access(storage: Storage) -> None:
     """Called by ``Tensor.data`` when a graph saved that memory: checksum it before the caller
-    can write through the raw array (once per saving node), and forget finished nodes."""
+    can write through the raw array (once per saving node), and forget finished nodes.
+    CPU arrays only: a CuPy array is not checksummed (it would stall the GPU), so a write
+    through ``.data`` of a CUDA tensor is not caught."""
     pending = [s for s in storage.saves if s.pending()]
     sums = {}
     for s in pending:

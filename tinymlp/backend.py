@@ -27,7 +27,10 @@ __all__ = [
     "check_axes",
     "cuda_available",
     "cuda_status",
+    "cuda_ready",
+    "add_cuda_check",
     "INSTALL_CUPY",
+    "device_constant",
     "device_of",
     "get_cupy",
     "is_float_dtype",
@@ -41,8 +44,8 @@ DEFAULT_FLOAT = np.float32
 """The dtype floating-point data gets when none is asked for."""
 
 # The PyPI name "tinymlp" belongs to an unrelated project: never suggest pip install "tinymlp[...]".
-INSTALL_CUPY = ('pip install -e ".[cuda12]" from your tinymlp checkout, or pip install cupy-cuda12x '
-                '(cupy-cuda13x for CUDA 13)')
+INSTALL_CUPY = ('pip install -e ".[cuda12]" from your tinymlp checkout, or pip install "cupy-cuda12x[ctk]" '
+                '("cupy-cuda13x[ctk]" for CUDA 13; [ctk] brings the CUDA libraries CuPy compiles its kernels with)')
 USE_CPU = "run on the CPU instead: device='cpu' (in the example scripts, leave out --device cuda)"
 
 class CudaUnavailableError(RuntimeError):
@@ -152,8 +155,64 @@ def cuda_available() -> bool:
         return False
 
 
+def _elementwise_check(cupy):
+    x = cupy.arange(8, dtype=cupy.float32)
+    y = x * x + 1                  # an elementwise kernel, compiled by CuPy at run time with NVRTC
+    return (y, np.arange(8, dtype=np.float32) ** 2 + 1)
+
+
+def _matmul_check(cupy):
+    a = cupy.ones((16, 16), dtype=cupy.float32)
+    return (a @ a, np.full((16, 16), 16, dtype=np.float32))      # cuBLAS
+
+
+_cuda_checks = [("an elementwise float32 kernel", _elementwise_check), ("a float32 matmul", _matmul_check)]
+_cuda_checked = {}   # id(cupy module) -> None (ready) or the one-line reason it is not
+
+
+def add_cuda_check(what, check):
+    """Register ``check(cupy)`` to run before CUDA is declared ready (``get_cupy``, ``doctor``).
+
+    ``check`` runs something small on the GPU and returns ``(device result, NumPy expectation)``
+    or None (nothing to compare); raising, or a result that differs, makes CUDA unusable with a
+    one-line reason naming ``what``. The fast tier registers its kernels here (it lives above
+    this module and cannot be imported from it)."""
+    _cuda_checks.append((what, check))
+    _cuda_checked.clear()
+
+
+def cuda_ready(cupy) -> str | None:
+    """Run the registered checks once per process: None when the GPU computes, else why not.
+
+    The first CUDA work of a process is where a CuPy installed without the CUDA libraries it
+    loads at run time (NVRTC, cuBLAS, the CUDA headers) fails; finding it here turns a raw
+    traceback in the middle of a training step into one line before any work starts."""
+    key = id(cupy)
+    if key not in _cuda_checked:
+        reason = None
+        for what, check in _cuda_checks:
+            try:
+                result = check(cupy)
+                if result is not None:
+                    got, expected = result
+                    got = got.get()
+                    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
+                        reason = f"{what} on the GPU gave a wrong result"
+                        break
+            except Exception as exc:
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                reason = f"{what} failed on the GPU ({type(exc).__name__}{': ' + detail if detail else ''})"
+                break
+        _cuda_checked[key] = reason
+    return _cuda_checked[key]
+
+
 def get_cupy(device: str = "cuda"):
-    """Return the ``cupy`` module for ``device``, or raise a clear CudaUnavailableError."""
+    """Return the ``cupy`` module for ``device``, or raise a clear CudaUnavailableError.
+
+    The first call also compiles and runs a few tiny kernels (``cuda_ready``): CuPy can see a
+    GPU and still be unable to compute on it when the CUDA libraries it loads at run time are
+    missing."""
     cupy = _import_cupy()
     count = 0
     if cupy is not None:
@@ -166,6 +225,14 @@ def get_cupy(device: str = "cuda"):
         raise CudaUnavailableError(
             f"device {device!r} is not available: {reason}. {USE_CPU[0].upper() + USE_CPU[1:]}. "
             f"{advice[0].upper() + advice[1:]}; then check with: python -m tinymlp doctor",
+            reason=reason,
+        )
+    reason = cuda_ready(cupy)
+    if reason is not None:
+        raise CudaUnavailableError(
+            f"device {device!r} is not usable: CuPy {getattr(cupy, '__version__', '')} sees the GPU but {reason}; "
+            f"CuPy is probably missing the CUDA libraries it loads at run time (NVRTC, cuBLAS, headers): "
+            f"{INSTALL_CUPY}, or {USE_CPU}; then check with: python -m tinymlp doctor",
             reason=reason,
         )
     return cupy
@@ -210,6 +277,30 @@ def to_device(x, device):
         return x
     with cupy.cuda.Device(0):
         return cupy.asarray(x)
+
+
+_device_constants = {}   # (id(array module), key) -> device array, least recently used first
+MAX_DEVICE_CONSTANTS = 64
+
+
+def device_constant(xp, key, make):
+    """A small constant array on ``xp``'s device, uploaded once and then reused.
+
+    ``make()`` builds it on the host (NumPy); ``key`` (hashable) names it: everything the array
+    depends on, dtype included (e.g. ``("toeplitz_index", 8, 8)``). On the CPU this is just
+    ``make()``. On CUDA it saves an upload (a host-to-device copy on the critical path) per use:
+    Toeplitz indices, normalisation statistics, interpolation matrices. The array is shared:
+    never write into it. The ``MAX_DEVICE_CONSTANTS`` most recently used are kept."""
+    if xp is np:
+        return make()
+    full_key = (id(xp), key)
+    value = _device_constants.pop(full_key, None)
+    if value is None:
+        value = xp.asarray(make())
+    _device_constants[full_key] = value
+    while len(_device_constants) > MAX_DEVICE_CONSTANTS:
+        del _device_constants[next(iter(_device_constants))]
+    return value
 
 
 def is_float_dtype(dtype) -> bool:

@@ -104,7 +104,10 @@ class Tensor:
         Writing into it (``t.data[...] = v``, ``t.data -= lr * g``) changes the tensor without
         autograd knowing. If a graph has saved this tensor for its backward, reading ``.data``
         first lets the in-place guard take a checksum of what was saved, so that ``backward()``
-        refuses a gradient computed from changed values (see ``tinymlp.autograd``).
+        refuses a gradient computed from changed values (see ``tinymlp.autograd``). On the CPU
+        only: for a CUDA tensor no checksum is taken (it would read the GPU's memory back every
+        step), so such a write goes unseen there; write through tinymlp instead (``t[...] = v``
+        or ``t -= lr * g`` under ``no_grad``), which both devices check.
         """
         if self._storage is not None and self._storage.saves:
             _autograd.before_raw_access(self._storage)

@@ -55,7 +55,13 @@ class History:
     ``epoch`` holds epoch numbers counted from 1; ``lr`` the learning rate of the epoch's last
     step; ``epoch_time`` the seconds of the epoch (training and validation); ``images_per_sec``
     the training throughput (training images / training seconds); ``steps`` the optimizer steps
-    taken since the start of the run, at the end of each epoch.
+    taken since the start of the run, at the end of each epoch; ``warmup_time`` the seconds of
+    the run's first training step, in the run's first epoch (None in the others).
+
+    The first step of a process is where CuPy compiles its kernels (and NumPy/BLAS warm up):
+    on a GPU it can take longer than the rest of a short epoch. The first epoch's
+    ``images_per_sec`` therefore leaves that step out (when the epoch has more than one), and
+    ``warmup_time`` reports it apart.
     """
 
     epoch: list = field(default_factory=list)
@@ -67,13 +73,20 @@ class History:
     epoch_time: list = field(default_factory=list)
     images_per_sec: list = field(default_factory=list)
     steps: list = field(default_factory=list)
+    warmup_time: list = field(default_factory=list)
+
+    OPTIONAL = ("warmup_time",)
+    """Fields that ``append`` and ``from_dict`` fill with None when left out (histories written
+    before they existed)."""
 
     def __len__(self) -> int:
         return len(self.epoch)
 
     def append(self, **row) -> None:
-        """Add one epoch; every field must be given (None is allowed for ``val_*``)."""
+        """Add one epoch; every field must be given (None is allowed for ``val_*``; ``warmup_time``
+        may be left out: None)."""
         names = [f.name for f in fields(self)]
+        row = {**{name: None for name in self.OPTIONAL}, **row}
         if set(row) != set(names):
             raise ValueError(f"History.append needs exactly the fields {names}, got {sorted(row)}")
         for name in names:
@@ -93,6 +106,8 @@ class History:
     def from_dict(cls, data) -> History:
         """The inverse of ``to_dict``; all lists must have the same length."""
         names = [f.name for f in fields(cls)]
+        length = len(data.get("epoch", ()))
+        data = {**{n: [None] * length for n in cls.OPTIONAL}, **data}
         missing = [n for n in names if n not in data]
         if missing:
             raise ValueError(f"History.from_dict: missing fields {missing}")
@@ -120,7 +135,10 @@ def format_epoch(history: History, total_epochs=None, val_name="val", unit="img"
     text = f"epoch {r['epoch']}{of}: train loss {r['train_loss']:.4f} acc {100 * r['train_acc']:.2f}%"
     if r["val_loss"] is not None:
         text += f" | {val_name} loss {r['val_loss']:.4f} acc {100 * r['val_acc']:.2f}%"
-    return text + f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} {unit}/s | {r['epoch_time']:.1f} s"
+    text += f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} {unit}/s"
+    if r.get("warmup_time") is not None:
+        text += f" (first step {r['warmup_time']:.1f} s, counted apart)"
+    return text + f" | {r['epoch_time']:.1f} s"
 
 
 # ---------------------------------------------------------------------- metrics on the device
@@ -300,6 +318,7 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
             running = _Running()
             lr = optimizer.lr
             started = time.perf_counter()
+            warmup = warmup_images = None
             with _bar(show, desc=f"epoch {epoch + 1}/{epochs}", total=per_epoch, leave=False,
                       unit="batch") as bar:
                 for i, (x, y) in enumerate(_batches(train_loader, limit_batches, device), start=1):
@@ -315,11 +334,17 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                         scheduler.step()
                     steps += 1
                     running.add(loss.data, logits.data, y.data)
+                    if i == 1 and epoch == start_epoch:   # compilation and warm-up: timed apart
+                        warmup, warmup_images = time.perf_counter() - started, running.count
                     if i % sync_every == 0:
                         _show_running(bar, running, lr, epoch + 1, i)
                     bar.update(1)
                 train_loss, train_acc = _check_finite(running.read(), epoch + 1, running.count)
             train_time = time.perf_counter() - started  # the read above waited for the device
+            timed_images = running.count
+            if warmup is not None and running.count > warmup_images and train_time > warmup:
+                train_time -= warmup
+                timed_images -= warmup_images
 
             val_loss = val_acc = None
             if val_loader is not None:
@@ -334,7 +359,8 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
             history.append(
                 epoch=epoch + 1, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
                 val_acc=val_acc, lr=lr, epoch_time=time.perf_counter() - started,
-                images_per_sec=running.count / train_time if train_time > 0 else math.nan, steps=steps,
+                images_per_sec=timed_images / train_time if train_time > 0 else math.nan, steps=steps,
+                warmup_time=warmup,
             )
             if show:
                 epoch_bar.write(format_epoch(history, epochs, val_name, unit))

@@ -61,8 +61,8 @@ DEVICE = "cuda" if GPU else "cpu"
 print("tinymlp.cuda_available():", GPU, "-> this notebook uses", DEVICE)
 if not GPU:
     print("No usable GPU here: every GPU cell below explains what it would do and runs the CPU part.\n"
-          'To use an NVIDIA GPU, install CuPy for your CUDA version: pip install "tinymlp[cuda12]" '
-          '(or "tinymlp[cuda13]"), then check with: python -m tinymlp doctor')
+          "To use an NVIDIA GPU, install CuPy for your CUDA version:", tinymlp.backend.INSTALL_CUPY,
+          "\nthen check with: python -m tinymlp doctor")
 
 # %% [markdown]
 # Asking for a device that cannot be used is an error that says what is missing, raised the
@@ -220,7 +220,8 @@ if GPU:
     model = create("mixer_cifar", depth=2, seed=0).to("cuda")
     history = fit(model, AdamW(model.parameters(), lr=1e-3), loader, epochs=1, progress=False)
     print(f"one epoch on the GPU: loss {history.train_loss[-1]:.3f}, "
-          f"{history.images_per_sec[-1]:.0f} images/s (including the first epoch's warm-up)")
+          f"{history.images_per_sec[-1]:.0f} images/s after the first step, which took "
+          f"{history.warmup_time[-1]:.1f} s (CuPy compiling its kernels)")
 else:
     print("no GPU: skipped the one-epoch run on 'cuda' (lesson 11 trains on the CPU)")
 print(f"lesson 9 ran in {time.perf_counter() - lesson_start:.0f} s")

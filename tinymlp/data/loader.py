@@ -21,7 +21,26 @@ import numpy as np
 from ..backend import module_for_device, parse_device, to_device
 from ..tensor import Tensor
 
-__all__ = ["DataLoader", "ImageDataset", "channel_stats"]
+__all__ = ["DataLoader", "ImageDataset", "channel_stats", "check_range"]
+
+
+def check_range(loader, what, values, high, rows, fix):
+    """Raise a ValueError when an integer of the host array ``values`` lies outside [0, ``high``)
+    (``high`` None: only negatives are refused), naming ``loader``, ``what``, the first bad value
+    and its dataset row (``rows[i]`` is the dataset row of ``values[i]``), and ``fix``.
+
+    The loaders check labels and token ids here, on the host, batch by batch: the losses and
+    the embedding check them only on the CPU, because on a GPU reading them back would stall
+    every step, and a GPU gather with an out-of-range index wraps around or reads garbage
+    without an error."""
+    if not values.size:
+        return
+    bad = values < 0 if high is None else (values < 0) | (values >= high)
+    if bad.any():
+        where = np.flatnonzero(bad.reshape(len(values), -1).any(axis=1))[0]
+        value = values[where].reshape(-1)[bad[where].reshape(-1)][0]
+        limit = "not negative" if high is None else f"in [0, {high})"
+        raise ValueError(f"{loader}: {what} {int(value)} in dataset row {int(rows[where])} must be {limit}; {fix}")
 
 
 def channel_stats(images):
@@ -130,6 +149,12 @@ class DataLoader:
         for b in range(len(self)):
             index = order[b * self.batch_size:(b + 1) * self.batch_size]
             images, labels = self._gather(index)
+            labels = np.asarray(labels)
+            if labels.ndim == 1:                                  # class ids (not soft targets)
+                classes = getattr(self.dataset, "classes", None)
+                check_range("DataLoader", "label", labels, len(classes) if classes else None, index,
+                            f"the dataset has {len(classes)} classes" if classes
+                            else "labels are class ids counted from 0")
             images = to_device(np.ascontiguousarray(images), self.device)  # uint8: 1 byte a pixel
             labels = to_device(np.asarray(labels, dtype=np.int64), self.device)
             x = images.astype(np.float32)

@@ -51,11 +51,13 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import module_for_device, parse_device, to_device
+from .loader import check_range
 from ..tensor import Tensor
 from .cifar import DatasetError, prepare
 
 __all__ = [
-    "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES", "TextArchive",
+    "MaskedIds", "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES",
+    "TextArchive",
     "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
 ]
 
@@ -95,7 +97,8 @@ class TextDataset:
         pairs = self.pairs or [None] * len(self)
         full = np.flatnonzero(ids[:, -1] != tokenizer.pad_id)
         truncated = sum(len(tokenizer.encode(self.texts[i], pairs[i], None)[0]) > max_len for i in full)
-        return TokenDataset(ids, self.labels, self.classes, self.pairs is not None, truncated=truncated)
+        return TokenDataset(ids, self.labels, self.classes, self.pairs is not None, truncated=truncated,
+                            vocab_size=tokenizer.vocab_size)
 
     def __repr__(self):
         kind = "sentence pairs" if self.pairs is not None else "sentences"
@@ -103,9 +106,11 @@ class TextDataset:
 
 
 class TokenDataset:
-    """Token ids (N, S) int64 and labels (N,) int64, ready for a ``TokenLoader``."""
+    """Token ids (N, S) int64 and labels (N,) int64, ready for a ``TokenLoader``; ``vocab_size``
+    (None: unknown), the tokenizer's, bounds the ids the loaders accept."""
 
-    def __init__(self, ids, labels, classes, paired=False, truncated=0):
+    def __init__(self, ids, labels, classes, paired=False, truncated=0, vocab_size=None):
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.classes, self.paired = tuple(classes), bool(paired)
@@ -144,13 +149,36 @@ class TokenLoader:
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def _check_ids(self, ids, index):
+        """Token ids within the vocabulary, checked on the host (see ``check_range``)."""
+        vocab = getattr(self.dataset, "vocab_size", None)
+        check_range(type(self).__name__, "token id", ids, vocab, index,
+                    f"the tokenizer has {vocab} ids; encode the texts with the model's tokenizer" if vocab
+                    else "token ids are counted from 0")
+
     def __iter__(self):
         n = len(self.dataset)
         order = self.rng.permutation(n) if self.shuffle else np.arange(n)
+        classes = len(self.dataset.classes)
         for b in range(len(self)):
             index = order[b * self.batch_size:(b + 1) * self.batch_size]
-            yield (Tensor(to_device(self.dataset.ids[index], self.device)),
-                   Tensor(to_device(self.dataset.labels[index], self.device)))
+            ids, labels = self.dataset.ids[index], self.dataset.labels[index]
+            self._check_ids(ids, index)
+            check_range("TokenLoader", "label", labels, classes or None, index,
+                        f"the dataset has {classes} classes" if classes else "labels are class ids counted from 0")
+            yield Tensor(to_device(ids, self.device)), Tensor(to_device(labels, self.device))
+
+
+class MaskedIds(Tensor):
+    """Token ids (B, S) with [MASK] tokens, and ``mask_positions``: the flat row-major indices of
+    the masked tokens, found on the host by ``MaskedLMLoader`` and sent with the ids, so that the
+    model need not search the ids on the device (on a GPU, a wait for the device each step)."""
+
+    __slots__ = ("mask_positions",)
+
+    def __init__(self, ids, mask_positions):
+        super().__init__(ids)
+        self.mask_positions = mask_positions
 
 
 class MaskedLMLoader(TokenLoader):
@@ -158,7 +186,8 @@ class MaskedLMLoader(TokenLoader):
 
     Each real, non-special token is hidden behind [MASK] with probability ``mask_prob`` (15% as
     in BERT; at least one per batch); ``targets`` are the hidden ids in row-major order, the
-    order in which ``TextGMLP`` returns the [MASK] rows' logits. (BERT also leaves 10% of the
+    order in which ``TextGMLP`` returns the [MASK] rows' logits. The ids come as ``MaskedIds``,
+    which carry those positions. (BERT also leaves 10% of the
     chosen tokens as they are and swaps 10% for random ones; here every chosen token is masked.)
     ``fixed=True`` draws the same masks every epoch (a validation set).
     """
@@ -173,14 +202,17 @@ class MaskedLMLoader(TokenLoader):
         order = self.rng.permutation(n) if self.shuffle else np.arange(n)
         draw = np.random.default_rng(self._seed) if self.fixed else self.rng
         for b in range(len(self)):
-            ids = self.dataset.ids[order[b * self.batch_size:(b + 1) * self.batch_size]].copy()
+            index = order[b * self.batch_size:(b + 1) * self.batch_size]
+            ids = self.dataset.ids[index].copy()
+            self._check_ids(ids, index)
             candidates = ids >= self.first_normal_id
             hide = candidates & (draw.random(ids.shape) < self.mask_prob)
             if not hide.any() and candidates.any():
                 hide.flat[draw.choice(np.flatnonzero(candidates))] = True
             targets = ids[hide]                          # row-major, as np.flatnonzero orders them
             ids[hide] = self.mask_id
-            yield Tensor(to_device(ids, self.device)), Tensor(to_device(targets, self.device))
+            positions = to_device(np.flatnonzero(hide), self.device)       # the order of targets
+            yield MaskedIds(to_device(ids, self.device), positions), Tensor(to_device(targets, self.device))
 
 
 # --------------------------------------------------------------------------- generated tasks

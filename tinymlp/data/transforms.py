@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import array_module, device_constant
 
 __all__ = [
     "CutMix", "Compose", "HorizontalFlip", "Mixup", "Normalize", "RandomCrop", "Resize",
@@ -39,9 +39,10 @@ def random_crop(images, pad, rng):
     offset drawn uniformly per image: a random shift by (dy, dx) in [-pad, pad]^2 with zeros
     filling the border uncovered by the shift.
 
-    No copy per offset: a sliding-window view of the padded batch, shape
+    No copy per offset: a strided view of the padded batch, shape
     (B, C, 2 pad + 1, 2 pad + 1, H, W), holds every possible crop, and one gather picks
-    crop (oy[b], ox[b]) for each image b.
+    crop (oy[b], ox[b]) for each image b. The view is built from the padded batch's strides
+    alone (``as_strided``), with no check that would read device values back to the host.
     """
     if pad == 0:
         return images
@@ -49,7 +50,9 @@ def random_crop(images, pad, rng):
     B, C, H, W = images.shape
     padded = xp.zeros((B, C, H + 2 * pad, W + 2 * pad), dtype=images.dtype)
     padded[:, :, pad:pad + H, pad:pad + W] = images
-    crops = xp.lib.stride_tricks.sliding_window_view(padded, (H, W), axis=(2, 3))
+    sb, sc, sh, sw = padded.strides
+    crops = xp.lib.stride_tricks.as_strided(padded, shape=(B, C, 2 * pad + 1, 2 * pad + 1, H, W),
+                                            strides=(sb, sc, sh, sw, sh, sw))
     oy = xp.asarray(rng.integers(0, 2 * pad + 1, size=B))
     ox = xp.asarray(rng.integers(0, 2 * pad + 1, size=B))
     return crops[xp.arange(B), :, oy, ox]                                 # (B, C, H, W)
@@ -66,8 +69,14 @@ def normalize(images, mean, std):
     """Per-channel standardisation: (x - mean[c]) / std[c], in the dtype of ``images``."""
     xp = array_module(images)
     shape = (1, -1) + (1,) * (images.ndim - 2)
-    mean = xp.asarray(mean, dtype=images.dtype).reshape(shape)
-    inv_std = 1 / xp.asarray(std, dtype=images.dtype).reshape(shape)
+    dtype = np.dtype(images.dtype)
+    if isinstance(mean, (np.ndarray, list, tuple, int, float)) and isinstance(std, (np.ndarray, list, tuple, int, float)):
+        key = ("normalize", dtype.str, np.asarray(mean, np.float64).tobytes(), np.asarray(std, np.float64).tobytes())
+        mean = device_constant(xp, key + ("mean",), lambda: np.asarray(mean, dtype=dtype).reshape(shape))
+        inv_std = device_constant(xp, key + ("1/std",), lambda: 1 / np.asarray(std, dtype=dtype).reshape(shape))
+    else:                                                    # statistics already on the device
+        mean = xp.asarray(mean, dtype=images.dtype).reshape(shape)
+        inv_std = 1 / xp.asarray(std, dtype=images.dtype).reshape(shape)
     out = images - mean
     out *= inv_std
     return out
@@ -105,8 +114,11 @@ def resize(images, size):
     if (h, w) == (H, W):
         return images
     xp = array_module(images)
-    rows = xp.asarray(_bilinear_weights(H, h), dtype=images.dtype)     # (h, H)
-    cols = xp.asarray(_bilinear_weights(W, w).T, dtype=images.dtype)   # (W, w)
+    dtype = np.dtype(images.dtype)                                    # uploaded once per size:
+    rows = device_constant(xp, ("resize", H, h, dtype.str),
+                           lambda: _bilinear_weights(H, h).astype(dtype))           # (h, H)
+    cols = device_constant(xp, ("resize_T", W, w, dtype.str),
+                           lambda: np.ascontiguousarray(_bilinear_weights(W, w).T, dtype=dtype))  # (W, w)
     tall = xp.matmul(rows, images)                                    # (..., h, W): along the height
     out = tall.reshape(-1, W) @ cols                                  # (... h, w): along the width
     return out.reshape(*images.shape[:-2], h, w)

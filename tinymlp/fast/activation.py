@@ -55,7 +55,7 @@ class CudaGELU(FastGELU):
     @staticmethod
     def forward(ctx, x, approximate=True):
         want = ctx.needs_input_grad[0]
-        if approximate and cuda_kernels.supported(x):
+        if approximate and cuda_kernels.applies(x):
             y, dydx = cuda_kernels.gelu_tanh_forward(x, want_derivative=want)
         else:
             y, dydx = _elementwise(gelu_tanh_into if approximate else _gelu_erf_into, x, want)

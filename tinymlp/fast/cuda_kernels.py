@@ -36,6 +36,12 @@ call the kernels at all); nothing is cast. Rows are the last axis:
 (``_cupy()``), never when this module is imported, and every kernel is compiled once per dtype
 and cached (CuPy also keeps the binaries in ``~/.cupy/kernel_cache``).
 
+A kernel that does not compile or run (a CuPy without the CUDA headers, an unusual GPU) costs
+speed, never the run: the first time ``applies`` meets a dtype, every kernel here is compiled
+and run once on a tiny input; if one fails, a single RuntimeWarning says which and why, and
+the fast ops take their array code (the reference formulas) on CUDA for that dtype from then
+on. ``get_cupy`` runs the float32 LayerNorm kernel against NumPy before it says CUDA is ready.
+
 The row kernels (one thread block per row) use a block of 32..256 threads, a multiple of the
 warp size: each thread strides over the row, then ``block_sum`` adds the per-thread partial
 sums with warp shuffles and one shared-memory exchange. A row narrower than the block simply
@@ -47,10 +53,12 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import warnings
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import add_cuda_check, array_module
+from .layout import inverse, memory_order
 
 __all__ = [
     "applies", "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
@@ -71,9 +79,71 @@ def _cupy():
 
 
 def applies(*arrays) -> bool:
-    """Whether an op should call the kernels here: the first array is a CuPy array and all of
-    them are ``supported`` (later None entries are skipped). NumPy arrays give False."""
-    return array_module(arrays[0]).__name__ == "cupy" and supported(*arrays)
+    """Whether an op should call the kernels here: the first array is a CuPy array, all of them
+    are ``supported`` (later None entries are skipped) and the kernels compiled and ran for
+    their dtype (``kernels_work``). NumPy arrays give False."""
+    return (array_module(arrays[0]).__name__ == "cupy" and supported(*arrays)
+            and kernels_work(arrays[0].dtype))
+
+
+_kernel_state = {}   # np.dtype -> True (the kernels work) or the one-line reason they do not
+
+
+def kernels_work(dtype) -> bool:
+    """Compile and run every kernel of this module once for ``dtype`` (the first time only);
+    False, after one RuntimeWarning, when one of them fails: the fast ops then use their array
+    code on CUDA (correct, slower). Nothing is read back to the host."""
+    dtype = np.dtype(dtype)
+    if dtype not in _kernel_state:
+        try:
+            _try_every_kernel(dtype)
+            _kernel_state[dtype] = True
+        except Exception as exc:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            reason = f"{type(exc).__name__}{': ' + detail if detail else ''}"
+            _kernel_state[dtype] = reason
+            warnings.warn(
+                f"tinymlp's CUDA kernels for {dtype} failed to compile or run ({reason}); the fast tier "
+                f"uses its array code on CUDA instead (same results, slower); check the CUDA install "
+                f"with: python -m tinymlp doctor", RuntimeWarning, stacklevel=2)
+    return _kernel_state[dtype] is True
+
+
+def kernel_failure(dtype):
+    """Why the kernels for ``dtype`` do not run (None when they do or were not tried yet)."""
+    state = _kernel_state.get(np.dtype(dtype))
+    return None if state is None or state is True else state
+
+
+def _try_every_kernel(dtype):
+    """Compile and launch each kernel on a few elements of ``dtype`` (no result is read)."""
+    cp = _cupy()
+    x = cp.ones((2, 3), dtype=dtype)
+    w = cp.ones(3, dtype=dtype)
+    gelu_tanh_forward(x, want_derivative=True)
+    gelu_tanh_forward(x, want_derivative=False)
+    _, xhat, rstd = layer_norm_forward(x, w, w, 1e-5)
+    layer_norm_backward(x, xhat, rstd, w)
+    softmax_backward(x, x)
+    f = cp.ones((1, 2, 3), dtype=dtype)
+    sgu_gate_forward(f, w, x, f)
+    sgu_gate_forward(f, w, x, f, gate_residual=f)
+    sgu_gate_backward(f, f, f)
+
+
+def _layer_norm_check(cupy):
+    """The float32 LayerNorm kernel against NumPy, for ``get_cupy``'s readiness check (None,
+    nothing to compare, when the kernels fell back: the array code computes instead)."""
+    if not kernels_work(np.float32):
+        return None
+    x = (np.arange(3 * 40, dtype=np.float32).reshape(3, 40) % 7) - 3
+    mean = x.mean(axis=1, keepdims=True)
+    expected = (x - mean) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
+    y, _, _ = layer_norm_forward(cupy.asarray(x), None, None, 1e-5)
+    return y, expected
+
+
+add_cuda_check("the fast tier's LayerNorm kernel", _layer_norm_check)
 
 
 def supported(*arrays) -> bool:
@@ -276,13 +346,26 @@ def _contiguous_rows(x):
     return x if x.flags.c_contiguous else _cupy().ascontiguousarray(x)
 
 
+def _dense_order(x):
+    """The axis order in which ``x`` is C-contiguous with its rows (last axis) innermost, when it
+    is not C order already (a token-major (B, S, C) array: (1, 0, 2)); None otherwise. The row
+    kernels then run on ``x.transpose(order)``, and their outputs are laid out like ``x``."""
+    if x.ndim < 3 or x.flags.c_contiguous:
+        return None
+    order = memory_order(x)
+    if order[-1] != x.ndim - 1 or not x.transpose(order).flags.c_contiguous:
+        return None
+    return order
+
+
 def layer_norm_forward(x, weight, bias, eps):
     """LayerNorm over the last axis of ``x`` (..., D): ``(y, xhat, rstd)``.
 
     y = xhat * weight + bias with xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps), as in
-    norm.py. ``weight`` / ``bias`` (D,) may be None (1 and 0). y and xhat have x's shape
-    (contiguous), rstd has shape x.shape[:-1]. x may be a view with evenly spaced rows
-    (e.g. ``z[..., e:]``): it is read in place.
+    norm.py. ``weight`` / ``bias`` (D,) may be None (1 and 0). y and xhat have x's shape,
+    rstd has shape x.shape[:-1]. x may be a view with evenly spaced rows (e.g. ``z[..., e:]``),
+    read in place into C-order outputs, or contiguous in another order of its leading axes
+    (token-major (B, S, C)), read in place into outputs laid out like x.
     """
     return _layer_norm_forward(x, weight, bias, eps, affine=True)
 
@@ -295,6 +378,11 @@ def layer_norm_normalize(x, eps):
 
 def _layer_norm_forward(x, weight, bias, eps, affine):
     cp = _cupy()
+    order = _dense_order(x)
+    if order is not None:                         # rows in another order (token-major): read in place
+        inv = inverse(order)
+        y, xhat, rstd = _layer_norm_forward(x.transpose(order), weight, bias, eps, affine)
+        return (None if y is None else y.transpose(inv)), xhat.transpose(inv), rstd.transpose(inv[:-1])
     _check("layer_norm_forward", x, weight, bias)
     d = x.shape[-1]
     layout = _rows(x)
@@ -333,11 +421,22 @@ def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dwei
     dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) with gw = g * weight (weight None
     means 1), dweight = sum over rows of g * xhat, dbias = sum over rows of g (see norm.py).
     ``out``: where to write dx (any array of x's shape with evenly spaced rows, e.g. a slice
-    ``dz[..., e:]`` of a larger gradient); a new array otherwise. A gradient that is not asked
+    ``dz[..., e:]`` of a larger gradient); a new array otherwise, laid out like xhat (a
+    token-major xhat is read, and dx written, in its memory order). A gradient that is not asked
     for (``need_*`` False) is returned as None and not computed.
     """
     cp = _cupy()
     _check("layer_norm_backward", g, xhat, rstd, weight)
+    order = _dense_order(xhat)
+    if order is not None:                         # xhat token-major: work in its memory order
+        inv = inverse(order)
+        dx, dweight, dbias = layer_norm_backward(
+            g.transpose(order), xhat.transpose(order), rstd.transpose(order[:-1]), weight,
+            out=None if out is None else out.transpose(order), need_dx=need_dx,
+            need_dweight=need_dweight, need_dbias=need_dbias)
+        if dx is not None:
+            dx = out if out is not None else dx.transpose(inv)
+        return dx, dweight, dbias
     d = xhat.shape[-1]
     g, xhat = _contiguous_rows(g), _contiguous_rows(xhat)
     g2, h2 = g.reshape(-1, d), xhat.reshape(-1, d)
@@ -403,16 +502,18 @@ def _sgu_backward_kernel():
                                      "tinymlp_sgu_gate_backward")
 
 
-def sgu_gate_forward(f, gamma, shift, z1, gate_residual=None):
+def sgu_gate_forward(f, gamma, shift, z1, gate_residual=None, out=None):
     """In one pass: ``f <- f * gamma + shift (+ gate_residual)`` (in place) and ``out = z1 * f``.
 
     f: (B, S, e) holding W_eff @ xhat on entry and F on return; gamma (e,); shift (S, e);
     z1 (B, S, e), may be a view (the first half of z); gate_residual (B, S, e) or None.
-    Returns ``out`` (B, S, e), a new array.
+    Returns ``out`` (B, S, e): the array given (any layout: the kernel writes through its
+    strides), or a new one.
     """
     cp = _cupy()
-    _check("sgu_gate_forward", f, gamma, shift, z1, gate_residual)
-    out = cp.empty(f.shape, dtype=f.dtype)
+    _check("sgu_gate_forward", f, gamma, shift, z1, gate_residual, out)
+    if out is None:
+        out = cp.empty(f.shape, dtype=f.dtype)
     if gate_residual is None:
         _sgu_forward_kernel(False)(gamma, shift, z1, f, out)
     else:

@@ -80,7 +80,7 @@ class FastSpatialGating(SpatialGating):
             pass
         elif variant == "split" and cuda_kernels.applies(z):        # F and z1 * F in one pass on CUDA
             kept = xp.ascontiguousarray(zt[..., :e])
-            out_t[...] = cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual)
+            cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual, out=out_t)
         else:
             if variant == "split":
                 kept = xp.ascontiguousarray(zt[..., :e])            # z2's memory may go, z1 stays

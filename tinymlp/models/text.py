@@ -45,6 +45,7 @@ import numpy as np
 from ..backend import array_module
 from ..nn import Embedding, LayerNorm, Linear, Module, ModuleList, PositionEmbedding, TiedLMHead, init
 from ..ops import reshape
+from ..tensor import Tensor
 from .gmlp import GMLPBlock, gate_width
 from .vit import sinusoidal_embedding
 
@@ -55,7 +56,8 @@ PAD_ID, SEP_ID, MASK_ID = 0, 3, 4      # tinymlp.text's ids of [PAD], [SEP] and 
 
 
 def _ids_array(ids):
-    return ids.data if hasattr(ids, "data") and not isinstance(ids, np.ndarray) else ids
+    """The array of a Tensor of ids; an array as it is (a CuPy array's ``.data`` is its memory pointer)."""
+    return ids.data if isinstance(ids, Tensor) else ids
 
 
 class TextGMLP(Module):
@@ -123,14 +125,19 @@ class TextGMLP(Module):
     def forward(self, ids, segments=None):
         """Class logits (B, num_classes). A language model (``num_classes=0``, ``lm_head``) gives
         the vocabulary logits its loss needs, rows in row-major order: masked LM, those of the
-        [MASK] positions (P, V); causal LM, every position (B * S, V), to predict the next id."""
+        [MASK] positions (P, V); causal LM, every position (B * S, V), to predict the next id.
+        The [MASK] positions are the ``mask_positions`` of ``ids`` where it has them (the batches
+        of ``MaskedLMLoader``, found on the host), else found here."""
         if self.head is None:
             if self.lm_head is None:
                 raise RuntimeError("TextGMLP: built with neither num_classes nor lm_head")
             if self.config["causal"]:
                 return reshape(self.token_logits(ids, segments), (-1, self.embed.num_embeddings))
+            positions = getattr(ids, "mask_positions", None)   # MaskedLMLoader found them on the host
             ids = _ids_array(ids)
-            return self.token_logits(ids, segments, positions=array_module(ids).flatnonzero(ids == MASK_ID))
+            if positions is None:     # (on a GPU, flatnonzero waits for the device to size its output)
+                positions = array_module(ids).flatnonzero(ids == MASK_ID)
+            return self.token_logits(ids, segments, positions=positions)
         h, mask = self.features(ids, segments)
         if self.pooling == "cls":
             pooled = h[:, 0]                                                     # the [CLS] token

@@ -36,16 +36,25 @@ def _uniform(xp, rng, shape, dtype):
     return rng.random(shape, dtype=draw_dtype)
 
 
-_device_rngs = {}   # id(host generator) -> (host generator, {device id: device generator})
+_device_rngs = {}   # id(host generator) -> (host generator, {device id: device generator}), oldest first
+MAX_DEVICE_RNGS = 4
+"""How many host generators keep a device generator (each holds megabytes of cuRAND state:
+about 13 MB on an H100); the least recently used one is dropped beyond that."""
 
 
 def _device_rng(xp, host_rng):
     """A NumPy generator driving GPU tensors: one device generator per host generator (and
     device), seeded once from it, so that each forward draws its mask on the device without
-    building a new generator (megabytes of curand state) every time."""
-    if len(_device_rngs) > 4096:        # generators cannot be weakly referenced: bound the table
-        _device_rngs.clear()
-    _, per_device = _device_rngs.setdefault(id(host_rng), (host_rng, {}))
+    building a new generator every time. Only the ``MAX_DEVICE_RNGS`` most recently used host
+    generators keep theirs; a dropped one is reseeded from its host generator when used again."""
+    key = id(host_rng)
+    entry = _device_rngs.pop(key, None)
+    if entry is None or entry[0] is not host_rng:  # an id can be reused once a generator is freed
+        entry = (host_rng, {})
+    _device_rngs[key] = entry                       # most recently used last
+    while len(_device_rngs) > MAX_DEVICE_RNGS:
+        del _device_rngs[next(iter(_device_rngs))]
+    per_device = entry[1]
     device = int(xp.cuda.Device().id)
     if device not in per_device:
         per_device[device] = xp.random.default_rng(int(host_rng.integers(2**63)))

@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from ..autograd import Function
-from ..backend import array_module
+from ..backend import array_module, device_constant
 from .norm import normalize, normalize_backward
 
 __all__ = ["SpatialGating", "Toeplitz1d", "Toeplitz2d", "spatial_gating", "toeplitz_1d", "toeplitz_2d"]
@@ -139,8 +139,7 @@ def _toeplitz_index(grid_h, grid_w):
 
 
 def _index_on(xp, grid_h, grid_w):
-    idx = _toeplitz_index(grid_h, grid_w)
-    return idx if xp is np else xp.asarray(idx)
+    return device_constant(xp, ("toeplitz_index", grid_h, grid_w), lambda: _toeplitz_index(grid_h, grid_w))
 
 
 class _Toeplitz(Function):
