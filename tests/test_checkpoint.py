@@ -378,3 +378,24 @@ def test_resume_with_dropout_is_exact(tmp_path):
     assert first + second == straight
     for k, v in params_of(model).items():
         assert np.array_equal(v, expected[k]), k
+
+
+def test_save_onto_a_folder_or_a_read_only_checkpoint_says_so_and_leaves_it(tmp_path):
+    import stat
+
+    from tinymlp.checkpoint import save
+    from tinymlp.nn import Linear
+
+    model = Linear(2, 2)
+    (tmp_path / "run").mkdir()
+    with pytest.raises(IsADirectoryError, match="checkpoint.save: .*is a folder"):
+        save(tmp_path / "run", model)
+    target = tmp_path / "ckpt.npz"
+    save(target, model)
+    before = target.read_bytes()
+    target.chmod(stat.S_IRUSR)
+    model.weight.data[...] = 7.0
+    with pytest.raises(PermissionError, match="read-only"):
+        save(target, model)
+    assert target.read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

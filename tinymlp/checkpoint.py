@@ -43,12 +43,12 @@ import dataclasses
 import errno
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 
 import numpy as np
 
+from . import files
 from .backend import to_device
 from .nn.module import StateDictError
 
@@ -222,24 +222,8 @@ def _write_atomically(path, arrays):
         raise FileNotFoundError(errno.ENOENT, f"checkpoint.save: the folder {folder} does not exist "
                                 f"(create it first, e.g. os.makedirs({folder!r}))", folder)
     _remove_stale_temporaries(folder, os.path.basename(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, allow_pickle=False, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode(path))
-        os.replace(tmp, path)  # atomic: readers see the old file or the new one, never a mix
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX)
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    # a folder, a read-only file or a symbolic link at `path`: refused or said, as for every save
+    files.atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **arrays), what="checkpoint.save")
 
 
 def _remove_stale_temporaries(folder, name):
@@ -272,16 +256,6 @@ def _process_alive(pid):
     except OSError:  # PermissionError: it exists, owned by someone else
         return True
     return True
-
-
-def _file_mode(path):
-    """The old checkpoint's permissions, or the usual ones for a new file (mkstemp uses 0600)."""
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 # ---------------------------------------------------------------------- loading
