@@ -590,18 +590,11 @@ def name_sources(run, results):
 def _name_sources(run, results, failing):
     with enable_grad():
         outputs = run.ev.outputs()
-    uses, seen = {}, set()
-    stack = [y._ctx for y in outputs if getattr(y, "_ctx", None) is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen or getattr(node, "fn", None) is None:
-            continue
-        seen.add(id(node))
+    uses = {}
+    for node in _graph_nodes(outputs):
         for i, parent in enumerate(getattr(node, "parents", ())):
             if id(parent) in failing:
                 uses.setdefault(id(parent), []).append((node, i))
-            elif parent is not None and not isinstance(parent, Tensor):
-                stack.append(parent)
     for key, c in failing.items():
         result, found = results[c.name], uses.get(key, [])
         names = sorted({f"{node.fn.__name__}.backward (its input {i}{_forward_name(node.fn, i)})"
