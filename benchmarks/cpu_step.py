@@ -7,8 +7,11 @@ tokens, dim 64, depth 4: ``mixer_mnist``, ``gmlp_mnist``, ``amlp_mnist``), float
 
 Columns ("runs"): ``fast`` (tinymlp, fast tier: the default), ``reference`` (tinymlp with
 ``tinymlp.fast.disabled()``: the ops as the lessons read them), ``torch`` (PyTorch eager, the
-twins of benchmarks/torch_models.py) and ``matmul`` (the step's matrix products alone, the floor
-no elementwise work can win back).
+twins of benchmarks/torch_models.py), ``matmul`` (the step's matrix products alone through NumPy's
+BLAS: the floor no elementwise work can win back) and ``torch-matmul`` (the same products through
+PyTorch's BLAS). With all four, the table is followed by where the gap to PyTorch comes from: the
+matrix products (matmul - torch-matmul: one BLAS against the other) and everything else
+((fast - matmul) - (torch - torch-matmul): the two frameworks' own work).
 
 How it times, and why (measured: see the README's benchmark section):
 
@@ -32,6 +35,7 @@ average (other processes on the cores make every figure noisy: compare medians o
     python benchmarks/cpu_step.py                       # all six models, one process, alternating
     python benchmarks/cpu_step.py --solo                # each run in its own process
     python benchmarks/cpu_step.py --solo --runs fast,fast-nonumba,fast-heap,reference,torch
+    python benchmarks/cpu_step.py --runs fast,torch,matmul,torch-matmul   # the gap, split in two
     python benchmarks/cpu_step.py --models mixer_cifar --steps 20 --threads 1
     python benchmarks/cpu_step.py --quick               # tiny sizes, seconds: a smoke test
 """
@@ -83,8 +87,9 @@ ALIASES = {"mixer": "mixer_cifar", "gmlp": "gmlp_cifar", "amlp": "amlp_cifar"}
 QUICK = dict(image_size=8, patch_size=4, dim=8, depth=2)      # --quick: every model this small
 QUICK_WIDTHS = {"mixer": dict(token_mlp_dim=8, channel_mlp_dim=8), "gmlp": dict(ffn_dim=8),
                 "amlp": dict(ffn_dim=8, attn_dim=8)}
+FLOORS = ("matmul", "torch-matmul")   # runs that time the recorded matrix products alone
 RUN_ENV = {   # solo-mode variants of the fast tier: environment of their process
-    "fast": {}, "reference": {}, "torch": {},
+    "fast": {}, "reference": {}, "torch": {}, "torch-matmul": {},
     "fast-nonumba": {"TINYMLP_NUMBA": "0"},
     "fast-heap": {"TINYMLP_KEEP_MEMORY": "0"},
     "fast-nonumba-heap": {"TINYMLP_NUMBA": "0", "TINYMLP_KEEP_MEMORY": "0"},
@@ -317,6 +322,16 @@ class MatmulFloor:
             a, b, out = self.operands[shape]
             np.matmul(a, b, out=out)
 
+    def torch_run(self, torch):
+        """The same products on the same operands (shared memory), through PyTorch's BLAS."""
+        operands = {shape: tuple(torch.from_numpy(a) for a in ops) for shape, ops in self.operands.items()}
+
+        def run():
+            for shape in self.gemms:
+                a, b, out = operands[shape]
+                torch.matmul(a, b, out=out)
+        return run
+
 
 # ----------------------------------------------------------------------------- memory
 def tinymlp_peak_bytes(step):
@@ -396,13 +411,16 @@ def build(name, runs, batch, quick, torch, seed=0):
         t_opt = torch.optim.AdamW(twin.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         tx, ty = torch.from_numpy(images), torch.from_numpy(labels)
         steps["torch"] = lambda: torch_step(torch, twin, t_opt, tx, ty)
-    if "matmul" in runs:
+    if any(r in runs for r in FLOORS):
         gemms = []
         with recording_gemms(gemms):
             rec_model = create(preset, **overrides)
             tinymlp_step(rec_model, AdamW(rec_model.parameters(), lr=LR), tinymlp.tensor(images), labels)
         floor = MatmulFloor(gemms)
-        steps["matmul"] = floor.run
+        if "matmul" in runs:
+            steps["matmul"] = floor.run
+        if "torch-matmul" in runs and torch is not None:
+            steps["torch-matmul"] = floor.torch_run(torch)
         steps["_floor"] = floor
     return steps
 
@@ -433,7 +451,7 @@ def bench_model(name, runs, args, torch):
     steps = build(name, runs, args.batch_size, args.quick, torch)
     model, floor, profiled = steps.pop("model"), steps.pop("_floor", None), steps.pop("_profile", None)
     timed = {k: steps[k] for k in runs if k in steps}
-    first = {k: float(timed[k]().item()) for k in timed if k != "matmul"}
+    first = {k: float(timed[k]().item()) for k in timed if k not in FLOORS}
     n = args.steps or model_config(name, args.quick)[2]
     times, faults = alternate(timed, n, args.warmup, args.gap)
     result = {"name": name, "params": model.num_parameters(), "steps": n, "first_loss": first,
@@ -516,7 +534,7 @@ def print_header(blas, torch, args, runs):
 
 
 def print_table(results, runs, batch):
-    tiers = [r for r in runs if r != "matmul"]
+    tiers = [r for r in runs if r not in FLOORS]
     head = f"{'model':12s} {'params':>7s} " + " ".join(f"{r + ' ms':>12s}" for r in runs)
     if "torch" in runs:
         head += " " + " ".join(f"{r + '/torch':>14s}" for r in tiers if r != "torch")
@@ -538,6 +556,8 @@ def print_table(results, runs, batch):
           "PyTorch eager); matmul = the step's matrix products alone, matmul share = matmul ms / fast ms")
     print(f"fast = tinymlp's fast tier (the default); reference = tinymlp.fast.disabled(); batch {batch}")
     print()
+    if all(r in runs for r in ("fast", "torch", *FLOORS)):
+        print_gap(results)
     print("spread (min-max ms), page faults per timed step (MiB of memory mapped in), peak bytes of a step:")
     for res in results:
         parts = []
@@ -557,6 +577,33 @@ def print_table(results, runs, batch):
             print()
             print(f"  {res['name']}: where the fast step's time goes (median ms per step, exclusive)")
             print("\n".join(res["profile"]))
+
+
+def gap_split(ms):
+    """fast - torch as (matrix products, everything else), in ms, or None where a run is missing:
+    (matmul - torch-matmul) + ((fast - matmul) - (torch - torch-matmul))."""
+    if not all(k in ms for k in ("fast", "torch", *FLOORS)):
+        return None
+    products = ms["matmul"] - ms["torch-matmul"]
+    rest = (ms["fast"] - ms["matmul"]) - (ms["torch"] - ms["torch-matmul"])
+    return products, rest
+
+
+def print_gap(results):
+    print("where fast - torch comes from: the matrix products (NumPy's BLAS - PyTorch's, same products) "
+          "and everything else (tinymlp's non-matmul time - PyTorch's):")
+    for res in results:
+        split = gap_split(res["ms"])
+        if split is None:
+            continue
+        ms = res["ms"]
+        products, rest = split
+        print(f"  {res['name']:12s} {ms['fast'] - ms['torch']:+7.1f} ms = products {products:+7.1f} "
+              f"(NumPy {ms['matmul']:.1f}, PyTorch {ms['torch-matmul']:.1f}: x{ms['matmul'] / ms['torch-matmul']:.2f}) "
+              f"+ the rest {rest:+7.1f} (tinymlp {ms['fast'] - ms['matmul']:.1f}, "
+              f"PyTorch {ms['torch'] - ms['torch-matmul']:.1f}); "
+              f"NumPy's products alone = {ms['matmul'] / ms['torch']:.2f} of PyTorch's step")
+    print()
 
 
 # ----------------------------------------------------------------------------- main
@@ -606,7 +653,7 @@ def main(argv=None):
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated, from {', '.join(MODELS)} (mixer/gmlp/amlp = the CIFAR ones)")
     parser.add_argument("--runs", default=None,
-                        help="comma-separated, from fast, reference, torch, matmul (and in --solo mode "
+                        help="comma-separated, from fast, reference, torch, matmul, torch-matmul (and in --solo mode "
                              f"{', '.join(k for k in RUN_ENV if k.startswith('fast-'))}); "
                              "default: fast,reference,torch,matmul")
     parser.add_argument("--solo", action="store_true", help="each run in its own process")
@@ -635,8 +682,8 @@ def main(argv=None):
             parser.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
     runs = [r.strip() for r in (args.runs or "fast,reference,torch,matmul").split(",") if r.strip()]
     for r in runs:
-        if r not in RUN_ENV and r != "matmul":
-            parser.error(f"unknown run {r!r}; choose from fast, reference, torch, matmul, "
+        if r not in RUN_ENV and r not in FLOORS:
+            parser.error(f"unknown run {r!r}; choose from fast, reference, torch, matmul, torch-matmul, "
                          + ", ".join(k for k in RUN_ENV if k.startswith("fast-")))
         if r.startswith("fast-") and r != "fast-nonumba" and not args.solo:
             parser.error(f"run {r!r} sets environment variables read at import: use it with --solo")
@@ -649,14 +696,14 @@ def main(argv=None):
         except ImportError:
             blas.threads = args.threads
     torch = None
-    if "torch" in runs:
+    if "torch" in runs or "torch-matmul" in runs:
         try:
             import torch
         except ImportError:
             torch = None
             if not args.child:
-                print("PyTorch is not installed: the torch run is skipped (pip install torch)")
-            runs = [r for r in runs if r != "torch"]
+                print("PyTorch is not installed: the torch runs are skipped (pip install torch)")
+            runs = [r for r in runs if r not in ("torch", "torch-matmul")]
     if torch is not None:
         threads = args.threads or blas.threads
         if threads:

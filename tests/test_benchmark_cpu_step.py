@@ -58,3 +58,30 @@ def test_guard_cost_switches_the_guard_off_and_back_on():
                           "--steps", "1", "--warmup", "0"], capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "guard on" in out.stdout and "mixer_mnist" in out.stdout
+
+
+def test_cpu_step_splits_the_gap_to_pytorch_into_products_and_the_rest():
+    """The split adds up to fast - torch, each part from its own pair of runs; a missing run gives
+    no split (PyTorch is not a dependency: without it the torch runs are skipped, said once)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import cpu_step
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    ms = {"fast": 650.0, "torch": 570.0, "matmul": 440.0, "torch-matmul": 370.0}
+    products, rest = cpu_step.gap_split(ms)
+    assert products == 70.0 and rest == (650.0 - 440.0) - (570.0 - 370.0)
+    assert products + rest == ms["fast"] - ms["torch"]
+    assert cpu_step.gap_split({k: v for k, v in ms.items() if k != "torch-matmul"}) is None
+
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "mixer_mnist",
+                          "--runs", "fast,torch,matmul,torch-matmul"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        assert "the torch runs are skipped" in out.stdout
+        assert "torch-matmul ms" not in out.stdout
+    else:
+        assert "torch-matmul ms" in out.stdout and "where fast - torch comes from" in out.stdout
