@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 import tinymlp
 import tinymlp.functional as F
 from tinymlp import fast, train
-from tinymlp.backend import get_cupy
+from tinymlp.backend import get_cupy, to_device
 from tinymlp.data import Compose, DataLoader, HorizontalFlip, Normalize, RandomCrop, SyntheticImages
 from tinymlp.models import create
 from tinymlp.optim import AdamW, clip_grad_norm
@@ -114,8 +114,7 @@ def loss_and_grads(model, x, y):
     model.zero_grad()
     loss = F.cross_entropy(model(x), y)
     loss.backward()
-    return float(loss.item()), {n: np.asarray(p.grad.numpy() if hasattr(p.grad, "numpy") else p.grad,
-                                              dtype=np.float64)
+    return float(loss.item()), {n: to_device(p.grad, "cpu").astype(np.float64)
                                 for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -134,6 +134,27 @@ def test_layer_norm_kernels_match_the_op(cp, dtype, width, lead):
     assert (host(rstd2) == host(rstd)).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,width", [(1, 1), (31, 33), (8192, 256), (10_007, 257), (40_000, 1)])
+def test_layer_norm_parameter_gradients_over_many_rows(cp, dtype, rows, width):
+    """dweight, dbias: column sums over every row, in chunks (a partial last chunk included).
+
+    Each column is a sum of ``rows`` terms, added in chunks of at most a few hundred and then
+    chunk by chunk; in float32 the error is then at most about (chunk + chunks) * 6e-8 of the
+    sum of the terms' sizes: 3e-5 of it is a bound.
+    """
+    rng = np.random.default_rng(rows + width)
+    g, xhat = draw(rng, (rows, width), dtype), draw(rng, (rows, width), dtype)
+    dw, db = cuda_kernels.layer_norm_param_grads(gpu(g), gpu(xhat))
+    g64, h64 = g.astype(np.float64), xhat.astype(np.float64)
+    rel = 1e-12 if np.dtype(dtype) == np.float64 else 3e-5
+    for got, terms, what in ((dw, g64 * h64, "dweight"), (db, g64, "dbias")):
+        assert got.shape == (width,) and got.dtype == np.dtype(dtype)
+        err = np.abs(host(got).astype(np.float64) - terms.sum(axis=0))
+        bound = rel * np.abs(terms).sum(axis=0) + 1e-30
+        assert (err <= bound).all(), f"{what}: worst error {(err / bound).max():.2f} x the bound"
+
+
 def test_layer_norm_kernels_without_weight_and_bias(cp):
     rng = np.random.default_rng(3)
     x, g = draw(rng, (4, 33), np.float64), draw(rng, (4, 33), np.float64)

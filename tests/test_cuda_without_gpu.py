@@ -717,6 +717,21 @@ def _emulated_row_kernel(name, dtype):
             D = np.lib.stride_tricks.as_strided(dx._a, (n, d), (int(stride) * item, item))
             D[...] = rstd._a.reshape(n, 1) * (gw - gw.mean(axis=1, keepdims=True)
                                               - H * (gw * H).mean(axis=1, keepdims=True))
+        elif name == "layer_norm_param_partials":
+            g, xhat, partial, rows, width, per_chunk = args
+            d, chunks = int(width), grid[1]
+            assert g._a.flags.c_contiguous and xhat._a.flags.c_contiguous
+            G, H = g._a.reshape(-1, d), xhat._a.reshape(-1, d)
+            assert G.shape[0] == rows and chunks * per_chunk >= rows > (chunks - 1) * per_chunk
+            P = partial._a.reshape(2, chunks, d)
+            for k in range(chunks):
+                rows_k = slice(k * int(per_chunk), (k + 1) * int(per_chunk))
+                P[0, k] = (G[rows_k] * H[rows_k]).sum(axis=0)
+                P[1, k] = G[rows_k].sum(axis=0)
+        elif name == "sum_chunks":
+            partial, out, planes, chunks, width = args
+            out._a.reshape(int(planes), int(width))[...] = \
+                partial._a.reshape(int(planes), int(chunks), int(width)).sum(axis=1)
         else:
             raise CompileException(name)
     return run
@@ -724,7 +739,6 @@ def _emulated_row_kernel(name, dtype):
 
 def test_the_cuda_layer_norm_reads_and_writes_token_major_rows_in_place(gpu, monkeypatch):
     monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_row_kernel)
-    monkeypatch.setattr(cuda_kernels, "_column_dot_kernel", lambda: (lambda a, b, axis: (a * b).sum(axis=axis)))
     rng = np.random.default_rng(0)
     host = rng.standard_normal((3, 5, 8)).astype(np.float32)                        # (B, S, C)
     token_major = lambda a: gpu.asarray(np.ascontiguousarray(a.transpose(1, 0, 2))).transpose(1, 0, 2)  # noqa: E731
@@ -744,6 +758,18 @@ def test_the_cuda_layer_norm_reads_and_writes_token_major_rows_in_place(gpu, mon
     np.testing.assert_allclose(dx.get(), ref_dx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw.get(), (g_host * ref_xhat).sum(axis=(0, 1)), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(db.get(), g_host.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_layer_norm_parameter_gradients_cover_every_row_in_chunks(gpu, monkeypatch):
+    """Several chunks of rows, the last one partial: each row is counted once."""
+    monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_row_kernel)
+    monkeypatch.setattr(cuda_kernels, "_CHUNK_BLOCKS", 3)
+    rng = np.random.default_rng(1)
+    for rows in (1, 32, 33, 100, 257):
+        g, xhat = rng.standard_normal((rows, 5)), rng.standard_normal((rows, 5))
+        dw, db = cuda_kernels.layer_norm_param_grads(gpu.asarray(g), gpu.asarray(xhat))
+        np.testing.assert_allclose(dw.get(), (g * xhat).sum(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(db.get(), g.sum(axis=0), rtol=1e-12)
 
 
 def test_the_in_place_guard_on_the_gpu_sees_writes_through_tinymlp_and_says_data_writes_are_cpu_only(gpu):

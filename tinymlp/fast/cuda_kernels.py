@@ -19,7 +19,9 @@ against that reference (float32 and float64, odd widths, one row, one token).
                                        layer_norm_normalize(x, eps)      the output in one launch
                                          -> (xhat, rstd)
     LayerNorm backward                 layer_norm_backward(g, xhat,     RawKernel per row (dx) +
-                                         rstd, w) -> (dx, dw, db)        ReductionKernel (dw) + sum (db)
+                                         rstd, w) -> (dx, dw, db)        two RawKernels for dw, db
+                                                                         (chunks of rows, then
+                                                                         the chunks' sum)
     softmax backward (attention.py:    softmax_backward(p, g)           RawKernel, one block per row:
       Softmax and Attention)             -> p * (g - rowsum(g * p))      the dot and the update
     SGU gate, split variant            sgu_gate_forward(f, gamma,       ElementwiseKernel: F and the
@@ -62,7 +64,8 @@ from .layout import inverse, memory_order
 
 __all__ = [
     "applies", "gelu_backward", "gelu_tanh_forward", "layer_norm_backward", "layer_norm_forward",
-    "layer_norm_normalize", "sgu_gate_backward", "sgu_gate_forward", "softmax_backward", "supported",
+    "layer_norm_normalize", "layer_norm_param_grads", "sgu_gate_backward", "sgu_gate_forward",
+    "softmax_backward", "supported",
 ]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -281,6 +284,54 @@ extern "C" __global__ void layer_norm_backward(
     }
 }
 
+// LayerNorm's parameter gradients, first pass: column sums of g * xhat (dweight) and of g
+// (dbias) over one chunk of rows. g, xhat contiguous (rows, width). A block of 32 x 8 threads
+// covers 32 columns (blockIdx.x) of the chunk blockIdx.y: the 32 threads of a warp read 32
+// neighbouring columns of a row (coalesced), the 8 warps take every 8th row, and shared
+// memory adds the 8 partial sums. partial is (2, chunks, width): [0] dweight's, [1] dbias's.
+extern "C" __global__ void layer_norm_param_partials(
+        const T* g, const T* xhat, T* partial, const long long rows, const int width,
+        const long long rows_per_chunk) {
+    __shared__ T sa[8][33];
+    __shared__ T sb[8][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const long long chunk = blockIdx.y;
+    const long long start = chunk * rows_per_chunk;
+    const long long end = start + rows_per_chunk < rows ? start + rows_per_chunk : rows;
+    T a = 0, b = 0;
+    if (col < width) {
+        for (long long r = start + threadIdx.y; r < end; r += blockDim.y) {
+            const T gv = g[r * width + col];
+            a += gv * xhat[r * width + col];
+            b += gv;
+        }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < width) {
+        for (int k = 1; k < blockDim.y; ++k) {
+            a += sa[k][threadIdx.x];
+            b += sb[k][threadIdx.x];
+        }
+        partial[chunk * width + col] = a;
+        partial[(gridDim.y + chunk) * width + col] = b;
+    }
+}
+
+// Second pass: out[p, c] = sum over k of partial[p, k, c] for the planes p (one thread each
+// (p, c), reading the chunks in order: the same sum on every run).
+extern "C" __global__ void sum_chunks(
+        const T* partial, T* out, const int planes, const int chunks, const int width) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= planes * width) return;
+    const int plane = i / width, col = i % width;
+    const T* src = partial + (long long)plane * chunks * width + col;
+    T s = 0;
+    for (int k = 0; k < chunks; ++k) s += src[(long long)k * width];
+    out[i] = s;
+}
+
 // Softmax backward of one row per block, all contiguous (rows, width):
 //   dx = p * (g - sum_j g_j p_j).   dx may alias g (same-index read before write).
 extern "C" __global__ void softmax_backward(
@@ -302,8 +353,14 @@ _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 @functools.cache
 def _row_module(dtype):
-    """The row kernels compiled for ``dtype`` (np.dtype of float32 or float64)."""
-    return _cupy().RawModule(code=_ROW_SOURCE % {"ctype": _CTYPES[dtype]})
+    """The row kernels compiled for ``dtype`` (np.dtype of float32 or float64).
+
+    Compiled without fused multiply-adds (``--fmad=false``) so that each kernel rounds as the
+    NumPy reference does: with contraction, ``g * w - mean(g * w)`` on a row of width 1 becomes
+    fma(g, w, -mean), the product's rounding error, which rstd = 1/sqrt(eps) then scales to
+    6e-5 where the reference gives exactly 0. The kernels are memory-bound; the cost is nil.
+    """
+    return _cupy().RawModule(code=_ROW_SOURCE % {"ctype": _CTYPES[dtype]}, options=("--fmad=false",))
 
 
 @functools.cache
@@ -407,12 +464,35 @@ def _layer_norm_forward(x, weight, bias, eps, affine):
     return (y if affine else None), xhat, rstd
 
 
-@functools.cache
-def _column_dot_kernel():
-    """out[d] = sum over rows of a[:, d] * b[:, d], with no (rows, D) temporary."""
-    # (a and b are the reduction's own names for the two partial sums being combined)
-    return _cupy().ReductionKernel("T u, T v", "T out", "u * v", "a + b", "out = a", "0",
-                                   "tinymlp_column_dot")
+_CHUNK_BLOCKS = 1024
+"""About this many thread blocks share the first pass of ``layer_norm_param_grads`` (several per
+SM on any current GPU), each over a chunk of at least 32 rows."""
+
+
+def layer_norm_param_grads(g, xhat):
+    """``(dweight, dbias)`` = column sums of ``g * xhat`` and of ``g``, both (rows, D) C-contiguous.
+
+    Two launches whatever the size: partial sums over chunks of rows, then the sum of the chunks
+    (see the kernels). A column reduction over axis 0 through CuPy's ``sum`` or a
+    ReductionKernel gives each column to one thread block, leaving most of the GPU idle for
+    D = 256 columns of 8192+ rows; here every SM has blocks.
+    """
+    cp = _cupy()
+    rows, d = g.shape
+    out = cp.empty((2, d), dtype=g.dtype)
+    if rows == 0 or d == 0:
+        out[...] = 0
+        return out[0], out[1]
+    col_blocks = -(-d // 32)
+    rows_per_chunk = max(32, -(-rows * col_blocks // _CHUNK_BLOCKS))
+    chunks = -(-rows // rows_per_chunk)
+    partial = cp.empty((2, chunks, d), dtype=g.dtype)
+    _row_kernel("layer_norm_param_partials", g.dtype)(
+        (col_blocks, chunks), (32, 8),
+        (g, xhat, partial, np.int64(rows), np.int32(d), np.int64(rows_per_chunk)))
+    _row_kernel("sum_chunks", g.dtype)(
+        (-(-2 * d // 256),), (256,), (partial, out, np.int32(2), np.int32(chunks), np.int32(d)))
+    return out[0], out[1]
 
 
 def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dweight=True, need_dbias=True):
@@ -439,9 +519,10 @@ def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dwei
         return dx, dweight, dbias
     d = xhat.shape[-1]
     g, xhat = _contiguous_rows(g), _contiguous_rows(xhat)
-    g2, h2 = g.reshape(-1, d), xhat.reshape(-1, d)
-    dweight = _column_dot_kernel()(g2, h2, axis=0) if need_dweight else None
-    dbias = g2.sum(axis=0) if need_dbias else None
+    dweight = dbias = None
+    if need_dweight or need_dbias:
+        dweight, dbias = layer_norm_param_grads(g.reshape(-1, d), xhat.reshape(-1, d))
+        dweight, dbias = (dweight if need_dweight else None), (dbias if need_dbias else None)
     dx = None
     if need_dx:
         dx = cp.empty(xhat.shape, dtype=xhat.dtype) if out is None else out
