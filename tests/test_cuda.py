@@ -513,3 +513,51 @@ def test_sgu_gate_kernel_writes_into_a_strided_out(cp):
     got = cuda_kernels.sgu_gate_forward(gpu(f), gpu(gamma), gpu(shift), gpu(z1), out=out)
     assert got is out
     assert_close(out, z1 * (f * gamma + shift), np.float32, "sgu gate into out")
+
+
+def _adam_run(cp, dtype, fused, monkeypatch, decoupled):
+    """Three steps of Adam(W) on the GPU over parameters of odd sizes, fused or array code."""
+    rng = np.random.default_rng(0)
+    shapes = [(33, 7), (1,), (257,), (3, 1, 5)]
+    params = [tensor(rng.standard_normal(s), dtype=dtype, device="cuda", requires_grad=True) for s in shapes]
+    cls = tinymlp.optim.AdamW if decoupled else tinymlp.optim.Adam
+    opt = cls(params, lr=0.05, weight_decay=0.1)
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(cuda_kernels, "multi_tensor_ok", lambda arrays: False)
+        for _ in range(3):
+            for p in params:
+                p.grad = gpu(rng.standard_normal(p.shape), dtype)
+            opt.step()
+    return [host(p.data) for p in params]
+
+
+@pytest.mark.parametrize("decoupled", [True, False], ids=["AdamW", "Adam-L2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_fused_adam_step_is_the_array_code_bit_for_bit(cp, dtype, decoupled, monkeypatch):
+    """One kernel for the whole step, compiled without FMA contraction and in the array code's
+    operation order: the same bits as the flat array code after three steps."""
+    fused = _adam_run(cp, dtype, True, monkeypatch, decoupled)
+    plain = _adam_run(cp, dtype, False, monkeypatch, decoupled)
+    for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_clipping_matches_the_per_gradient_code(cp, dtype):
+    rng = np.random.default_rng(2)
+    host_grads = [rng.standard_normal(s).astype(dtype) for s in [(300, 7), (1,), (4099,)]]
+    norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in host_grads)))
+    for max_norm, sync in ((norm / 3, False), (norm / 3, True), (norm * 2, False)):
+        results = {}
+        for tier in ("fast", "reference"):
+            params = [tensor(np.zeros(g.shape), dtype=dtype, device="cuda", requires_grad=True) for g in host_grads]
+            for p, g in zip(params, host_grads):
+                p.grad = gpu(g)
+            with tinymlp.fast.enabled() if tier == "fast" else tinymlp.fast.disabled():
+                total = tinymlp.optim.clip_grad_norm(params, max_norm, sync=sync)
+            results[tier] = (float(total), [host(p.grad) for p in params])
+        rtol = 1e-12 if np.dtype(dtype) == np.float64 else 1e-5
+        np.testing.assert_allclose(results["fast"][0], norm, rtol=rtol)
+        for a, b in zip(results["fast"][1], results["reference"][1]):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * 1e-3)

@@ -772,6 +772,98 @@ def test_the_layer_norm_parameter_gradients_cover_every_row_in_chunks(gpu, monke
         np.testing.assert_allclose(db.get(), g.sum(axis=0), rtol=1e-12)
 
 
+class _Table(list):
+    """The stand-in's pointer table: the arrays themselves, in order (no device addresses)."""
+
+
+def _emulated_multi_tensor(name, dtype):
+    """The multi-tensor kernels of ``cuda_kernels`` in NumPy, in the kernels' operation order,
+    over a ``_Table`` of arrays and their flat offsets."""
+    def run(grid, block, args):
+        if name == "adam_step":
+            g, m, v, table, starts, count, b1, omb1, b2, omb2, eps_c, step_size, decay = args
+            assert len(table) == int(count) and isinstance(table, _Table)
+            G, M, V = g._a, m._a, v._a
+            M[...] = M * b1 + G * omb1
+            V[...] = V * b2 + (G * G) * omb2
+            U = (M / (np.sqrt(V) + eps_c)) * step_size
+            for k, p in enumerate(table):
+                a, b = starts._a[k], starts._a[k + 1]
+                p._a[...] = (p._a * decay - U[a:b].reshape(p.shape)).astype(p.dtype)
+        elif name == "sum_squares_partials":
+            table, starts, count, partial = args
+            partial._a[...] = 0
+            partial._a[0] = sum((p._a.astype(p.dtype) ** 2).sum() for p in table)
+        elif name == "clip_factor":
+            partial, parts, max_norm, total, scale = args
+            t = np.sqrt(partial._a.sum())
+            total._a[0] = t
+            scale._a[0] = min(1, max_norm / (t + dtype.type(1e-6))) if np.isfinite(t) else 1
+        elif name == "scale_all":
+            table, starts, count, scale = args
+            for p in table:
+                p._a *= scale._a.reshape(-1)[0]
+        else:
+            return _emulated_row_kernel(name, dtype)(grid, block, args)
+    return run
+
+
+@pytest.fixture
+def multi_tensor(gpu, monkeypatch):
+    """The multi-tensor kernels "working" on the stand-in (float32), emulated in NumPy."""
+    monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_multi_tensor)
+    monkeypatch.setitem(cuda_kernels._kernel_state, np.dtype(np.float32), True)
+    monkeypatch.setattr(cuda_kernels, "pointer_table", lambda arrays: (
+        _Table(arrays), gpu.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))))
+    return gpu
+
+
+def test_adamw_on_the_gpu_is_one_kernel_and_follows_the_cpu(multi_tensor, monkeypatch):
+    """The fused step updates every parameter from its own slice of the flat buffers, with the
+    scalars of the array code: the same parameters as the CPU after three steps."""
+    launched = []
+    kernel = cuda_kernels.adam_step
+    monkeypatch.setattr(cuda_kernels, "adam_step", lambda *a, **k: launched.append(1) or kernel(*a, **k))
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4), (1,), (5,), (2, 2, 2)]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    results = {}
+    for device in ("cpu", "cuda"):
+        params = [tinymlp.tensor(v.copy(), device=device, requires_grad=True) for v in values]
+        opt = tinymlp.optim.AdamW(params, lr=0.1, weight_decay=0.3)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = backend.to_device(g, device)
+            with no_host_reads():
+                opt.step()
+        results[device] = [backend.to_device(p.data, "cpu") for p in params]
+    assert len(launched) == 3, "one fused launch per step on the GPU"
+    for a, b in zip(results["cuda"], results["cpu"]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_clipping_on_the_gpu_scales_every_gradient_by_the_joint_norm_without_a_read(multi_tensor):
+    rng = np.random.default_rng(1)
+    host = [rng.standard_normal(s).astype(np.float32) for s in [(3, 4), (1,), (6,)]]
+    norm = math.sqrt(sum(float((h.astype(np.float64) ** 2).sum()) for h in host))
+    for max_norm in (norm / 4, norm * 2):                  # clipped, then left alone
+        params = [tinymlp.tensor(np.zeros(h.shape, np.float32), device="cuda", requires_grad=True) for h in host]
+        for p, h in zip(params, host):
+            p.grad = multi_tensor.asarray(h.copy())   # (the stand-in shares host memory)
+        with no_host_reads():
+            total = tinymlp.optim.clip_grad_norm(params, max_norm, sync=False)
+        np.testing.assert_allclose(float(total), norm, rtol=1e-6)
+        factor = min(1.0, max_norm / (norm + 1e-6))
+        for p, h in zip(params, host):
+            np.testing.assert_allclose(p.grad.get(), h * factor, rtol=1e-6)
+    params[0].grad[0, 0] = np.inf                          # not finite: the gradients stay as they are
+    before = [p.grad.get() for p in params]
+    assert math.isinf(tinymlp.optim.clip_grad_norm(params, 1.0))
+    for p, b in zip(params, before):
+        np.testing.assert_array_equal(p.grad.get(), b)
+
+
 def test_the_in_place_guard_on_the_gpu_sees_writes_through_tinymlp_and_says_data_writes_are_cpu_only(gpu):
     from pathlib import Path
     w = tinymlp.tensor(np.ones(3), device="cuda", requires_grad=True)

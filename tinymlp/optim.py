@@ -564,6 +564,10 @@ def clip_grad_norm(params, max_norm, sync=True):
     xp = array_module(grads[0]) if grads else np
     if not grads:
         return 0.0 if sync else xp.zeros(())
+    if fast.is_enabled():   # on a GPU: a few launches for all the gradients together
+        done = fast_optim.clip_grad_norm(grads, max_norm, sync)
+        if done is not None:
+            return done
     squares = [xp.vdot(g.reshape(-1), g.reshape(-1)) for g in grads]  # a BLAS dot each, no temporaries
     total = xp.sqrt(xp.stack(squares).sum())
     if sync:  # the decision is taken on the host

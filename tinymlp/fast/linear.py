@@ -19,7 +19,9 @@ On the last backward, X is released before dX is allocated, which lowers the ste
 
 from __future__ import annotations
 
-from ..backend import array_module
+import numpy as np
+
+from ..backend import array_module, device_constant
 from ..ops.linear import Linear, _check_shapes
 from . import register
 from .layout import as_matrix, inverse, same_layout
@@ -63,16 +65,20 @@ class FastLinear(Linear):
             dw = X.T @ G if need_w else None
             del X
             dX = G @ weight.T if need_x else None
-            db = xp.ones(G.shape[0], dtype=G.dtype) @ G if (need_b and ctx.has_bias) else None
+            db = _ones(xp, G.shape[0], G.dtype) @ G if (need_b and ctx.has_bias) else None
         else:
             G = Gt.reshape(d_out, -1)                                 # (D_out, N)
             dw = X @ G.T if need_w else None
             del X
             dX = weight @ G if need_x else None
-            db = G @ xp.ones(G.shape[1], dtype=G.dtype) if (need_b and ctx.has_bias) else None
+            db = G @ _ones(xp, G.shape[1], G.dtype) if (need_b and ctx.has_bias) else None
         dx = None
         if dX is not None:
             shape_t = tuple(ctx.input_shapes[0][i] for i in ctx.order)
             dx = dX.reshape(shape_t).transpose(inverse(ctx.order))
         return dx, dw, db
 
+
+def _ones(xp, n, dtype):
+    """A ones vector of length n, made once per (device, n, dtype) and reused (read only)."""
+    return device_constant(xp, ("ones", n, str(dtype)), lambda: np.ones(n, dtype=dtype))

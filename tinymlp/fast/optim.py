@@ -22,8 +22,9 @@ import math
 import numpy as np
 
 from ..backend import array_module, device_of
+from . import cuda_kernels
 
-__all__ = ["FlatGroup", "step"]
+__all__ = ["FlatGroup", "clip_grad_norm", "step"]
 
 COMPILED = {}
 """Compiled kernels (set by ``fast.compiled`` when numba is installed): "adam", a direction
@@ -108,7 +109,8 @@ def step(optimizer):
         lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
 
         steps = [states[i]["step"] for i in range(len(params))]
-        if len(live) == len(params) and steps.count(steps[0]) == len(params):
+        whole = len(live) == len(params) and steps.count(steps[0]) == len(params)
+        if whole:
             # the usual case: all parameters at the same step, so the update runs over the
             # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
             xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
@@ -127,6 +129,19 @@ def step(optimizer):
                 g = fs.view(fs.grad, i)
                 g += scratch
 
+        if (optimizer.fast_kind == "adam" and xp is not np and whole
+                and cuda_kernels.multi_tensor_ok([fs.grad] + [p.data for p in params])):
+            # on a GPU the whole step is one kernel: moments, direction and every parameter
+            b1, b2 = (float(b) for b in group["betas"])
+            t = pieces[0][1]
+            c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+            cuda_kernels.adam_step([p.data for p in params], fs.grad, fs.bufs["exp_avg"], fs.bufs["exp_avg_sq"],
+                                   b1=b1, b2=b2, eps_c=float(group["eps"]) * root_c2,
+                                   step_size=lr * root_c2 / c1, decay=1.0 - lr * wd if wd and decoupled else 1.0)
+            for i in live:
+                states[i]["step"] += 1
+            continue
+
         plain = all(type(b) is np.ndarray for b in (fs.grad, fs.work, *fs.bufs.values()))   # no subclass
         run = compiled if compiled is not None and plain and fs.dtype.kind == "f" else direction
         for where, t in pieces:
@@ -143,6 +158,22 @@ def step(optimizer):
                     p *= 1.0 - lr * wd
                 p -= fs.view(fs.work, i)
             states[i]["step"] += 1
+
+
+def clip_grad_norm(grads, max_norm, sync):
+    """``optim.clip_grad_norm`` on a GPU in three launches whatever the number of gradients:
+    the joint norm and the clipping factor on the device, then every gradient scaled by it.
+    None where the kernels do not apply (CPU arrays, mixed dtypes): the caller's code runs."""
+    if array_module(grads[0]) is np or not cuda_kernels.multi_tensor_ok(grads):
+        return None
+    total, scale = cuda_kernels.clip_by_norm(grads, max_norm)
+    if sync:  # the decision on the host, as the reference takes it
+        norm = float(total)
+        if math.isfinite(norm) and norm > max_norm:
+            cuda_kernels.scale_all(grads, scale)
+        return norm
+    cuda_kernels.scale_all(grads, scale)
+    return total
 
 
 def sgd_direction(group, g, bufs, out, t):
