@@ -206,10 +206,8 @@ def gelu_backward(g, dydx):
 
 
 # ============================================================================ row kernels
-# One CUDA source, compiled once per dtype (T is a typedef). ``row`` indexes blockIdx.x.
+# One CUDA source, compiled once per dtype (``row_source`` puts the typedef of T in front).
 _ROW_SOURCE = r"""
-typedef %(ctype)s T;
-
 // sqrt for either T, without relying on C++ overloads of the math functions.
 __device__ __forceinline__ float sqrt_t(float v) { return sqrtf(v); }
 __device__ __forceinline__ double sqrt_t(double v) { return sqrt(v); }
@@ -448,7 +446,12 @@ def _row_module(dtype):
     fma(g, w, -mean), the product's rounding error, which rstd = 1/sqrt(eps) then scales to
     6e-5 where the reference gives exactly 0. The kernels are memory-bound; the cost is nil.
     """
-    return _cupy().RawModule(code=_ROW_SOURCE % {"ctype": _CTYPES[dtype]}, options=("--fmad=false",))
+    return _cupy().RawModule(code=row_source(dtype), options=("--fmad=false",))
+
+
+def row_source(dtype):
+    """The CUDA source of the row and multi-tensor kernels for ``dtype`` (T is its C type)."""
+    return f"typedef {_CTYPES[np.dtype(dtype)]} T;\n" + _ROW_SOURCE
 
 
 @functools.cache
