@@ -1,10 +1,10 @@
 """What the in-place guard costs a training step, measured in one process.
 
-The guard (tinymlp/autograd.py) records, for every input a forward saves, its storage's version
+The guard (tinymlp/guard.py) records, for every input a forward saves, its storage's version
 and, when the step reads ``.data`` after the save, a CRC-32 of the saved array; ``backward``
 compares both before it uses the array. This script times the fast step of each model with the
-guard as it is and with its four hooks replaced by no-ops (``_guard``, ``_share_views``,
-``_check_unmodified``, ``before_raw_access``), alternating the two step by step on the same
+guard as it is and with its four hooks replaced by no-ops (``record``, ``share_views``,
+``check_unmodified``, ``before_raw_access``), alternating the two step by step on the same
 weights, and prints the medians and their ratio: the guard's cost, with the machine's noise
 shared by both.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import tinymlp  # noqa: E402
-from tinymlp import autograd  # noqa: E402
+from tinymlp import guard  # noqa: E402
 from tinymlp.optim import AdamW  # noqa: E402
 
 import cpu_step  # noqa: E402
@@ -35,17 +35,17 @@ import cpu_step  # noqa: E402
 
 @contextlib.contextmanager
 def guard_off():
-    """The step without the guard: its hooks in tinymlp.autograd made no-ops for a while."""
-    hooks = dict(_guard=lambda ctx, args, arrays: (), _share_views=lambda result, args, arrays: None,
-                 _check_unmodified=lambda node: None, before_raw_access=lambda storage: None)
-    saved = {name: getattr(autograd, name) for name in hooks}
+    """The step without the guard: its hooks in tinymlp.guard made no-ops for a while."""
+    hooks = dict(record=lambda ctx, args, arrays: (), share_views=lambda result, args, arrays: None,
+                 check_unmodified=lambda node: None, before_raw_access=lambda storage: None)
+    saved = {name: getattr(guard, name) for name in hooks}
     for name, fn in hooks.items():
-        setattr(autograd, name, fn)
+        setattr(guard, name, fn)
     try:
         yield
     finally:
         for name, fn in saved.items():
-            setattr(autograd, name, fn)
+            setattr(guard, name, fn)
 
 
 def measure(name, steps, warmup, batch):

@@ -895,4 +895,4 @@ def test_the_in_place_guard_on_the_gpu_sees_writes_through_tinymlp_and_says_data
     section = readme.split("### On a GPU", 1)[1].split("\n## ", 1)[0]
     assert "in-place guard" in section and "t.data[...] = v" in section
     assert "On the CPU\n        only" in tinymlp.Tensor.data.__doc__
-    assert "CPU arrays only" in tinymlp.autograd.before_raw_access.__doc__
+    assert "CPU arrays only" in tinymlp.guard.before_raw_access.__doc__

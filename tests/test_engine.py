@@ -15,8 +15,8 @@ import pytest
 
 import tinymlp
 import tinymlp.functional as F
-from tinymlp import Function, Tensor, autograd, no_grad, tensor
-from tinymlp.autograd import GradientMismatchError
+from tinymlp import Function, Tensor, autograd, contract, no_grad, tensor
+from tinymlp.contract import GradientMismatchError
 from tinymlp.ops.elementwise import Mul
 
 
@@ -227,10 +227,10 @@ def test_cpu_tensor_meeting_a_cuda_tensor_names_the_op_and_both_devices(fake_cup
 def test_check_same_device_unit(fake_cupy):
     a, b = tensor([1.0, 2.0]), _on_fake_gpu([3.0, 4.0])
     with pytest.raises(RuntimeError, match="different devices"):
-        autograd._check_inputs(Mul, (a, b), (a.data, b.data), {})
+        contract.check_inputs(Mul, (a, b), (a.data, b.data), {}, False)
     c = np.ones(2, dtype=np.float32)  # constants are not checked: ops convert them themselves
-    autograd._check_inputs(Mul, (a, 2.0, c), (a.data, 2.0, c), {})
-    autograd._check_inputs(Mul, (b, b), (b.data, b.data), {})
+    contract.check_inputs(Mul, (a, 2.0, c), (a.data, 2.0, c), {}, False)
+    contract.check_inputs(Mul, (b, b), (b.data, b.data), {}, False)
 
 
 def test_results_of_full_reductions_stay_usable_on_the_cpu():
@@ -532,7 +532,7 @@ def test_gradient_mismatch_error_carries_the_facts():
             return g.sum(axis=0)
 
     x = tinymlp.tensor(np.ones((2, 3)), requires_grad=True)
-    with pytest.raises(tinymlp.autograd.GradientMismatchError) as info:
+    with pytest.raises(tinymlp.contract.GradientMismatchError) as info:
         Bad.apply(x).sum().backward()
     err = info.value
     assert (err.fn, err.index, err.kind, err.got, err.expected) == ("Bad", 0, "shape", (3,), (2, 3))
@@ -705,3 +705,26 @@ def test_float32_meeting_float64_is_refused_at_forward_naming_the_op_and_both_dt
     assert (w64 @ tensor([1.0, 2.0])).dtype == np.float64
     with no_grad():
         assert (x32 + c64).dtype == np.float64
+
+
+# --------------------------------------------------------------------------- the engine students read
+def test_the_engine_is_one_short_file_and_its_walk_is_the_one_in_graph():
+    """Lesson 02 sends students to tinymlp/autograd.py as "under 300 lines, worth reading top to
+    bottom": it stays that, and backward walks the graph with graph.nodes (the one walk)."""
+    import inspect
+    from pathlib import Path
+
+    from tinymlp import graph
+    lines = Path(autograd.__file__).read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"tinymlp/autograd.py has {lines} lines"
+    assert "graph.nodes(" in inspect.getsource(autograd.backward)
+    a = leaf([1.0, 2.0])
+    b = a * 2.0
+    c = (b + a).sum()
+    order = graph.nodes(c)
+    position = {id(node): i for i, node in enumerate(order)}
+    assert order[0] is a and order[-1] is c._ctx and position[id(b._ctx)] < position[id(c._ctx.parents[0])]
+    assert len(order) == len(position) == 4                          # a, Mul, Add, Sum: a once
+    assert [id(n) for n in graph.ops(c)] == [id(n) for n in order[1:]]
+    c.backward()
+    assert graph.ops(c) == []                                         # freed by backward

@@ -1,20 +1,8 @@
 """Reverse-mode automatic differentiation: the ``Function`` contract and the backward pass.
 
-An op is a ``Function`` subclass with two static methods on *raw arrays* (NumPy or CuPy),
-as in ``torch.autograd.Function``::
-
-    class Square(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, grad):
-            (x,) = ctx.saved_tensors
-            return 2 * x * grad          # one gradient per input, of the input's shape
-
-    y = Square.apply(t)                  # builds the graph when t requires grad
+An op is a ``Function`` subclass with two static methods on *raw arrays* (NumPy or CuPy), as
+in ``torch.autograd.Function``: ``forward`` computes the output and saves what backward needs,
+``backward`` turns dL/d(output) into dL/d(input) for each input (see ``Function`` below).
 
 ``apply`` unwraps Tensors to arrays, calls ``forward``, wraps the result in a Tensor and, when
 any input requires a gradient (and grad mode is on), keeps the ``ctx`` as the node of the graph.
@@ -22,56 +10,31 @@ The ctx *is* the graph node: it records the Function, the nodes its inputs came 
 input tensors themselves, so that intermediate arrays backward does not need are freed during
 the forward pass) and what forward saved.
 
-``backward(root)`` walks the graph in reverse topological order, found with an explicit stack
-(so a chain of 100,000 ops does not hit Python's recursion limit), calls each node's
+``backward(root)`` walks the graph in reverse topological order, calls each node's
 ``backward`` once with the sum of the gradients that reached its output, and accumulates the
 gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: call
 ``zero_grad()`` between steps). Backward never builds a graph: it is plain array code.
+
+Four small modules stand beside this one, each one concept: ``graph.py`` (the walk in
+topological order), ``contract.py`` (the errors that name a Function's mistake: a gradient of
+the wrong shape, mixed precision), ``guard.py`` (refusing a backward whose saved inputs were
+changed in place) and ``dispatch.py`` (the table in which ``apply`` finds a Function's fast
+implementation: the one hook through which the fast tier, tinymlp/fast/, takes over an op).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import os
-import sys
 import threading
 import weakref
-import zlib
 
-import numpy as np
-
-from .backend import array_module, device_of
+from . import contract, dispatch, graph, guard
 from .tensor import Tensor
 
-__all__ = ["Context", "Function", "GradientMismatchError", "MixedPrecisionError", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
+__all__ = ["Context", "Function", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
 
 
-# --------------------------------------------------------------------------- the fast-tier hook
-class _FastTier:
-    """The one dispatch hook of the engine (filled and switched by ``tinymlp.fast``).
-
-    ``impls[(Function, device)]`` is a drop-in implementation of a reference Function on a
-    device ("cpu" or "cuda"): a subclass with the same forward/backward contract, tested
-    against the reference. ``Function.apply`` runs it instead of the reference while
-    ``enabled`` (``TINYMLP_FAST=0`` in the environment turns it off at import).
-    """
-
-    enabled = os.environ.get("TINYMLP_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
-    impls: dict = {}
-
-
-_fast = _FastTier()
-
-
-def _implementation(fn, arrays):
-    """The class whose forward/backward run: the fast tier's, when one is registered and on."""
-    if not _fast.enabled or not _fast.impls:
-        return fn
-    on_gpu = any(type(a).__module__.startswith("cupy") for a in arrays)
-    return _fast.impls.get((fn, "cuda" if on_gpu else "cpu"), fn)
-
-
+# --------------------------------------------------------------------------- grad mode
 class _GradMode(threading.local):
     enabled = True
 
@@ -132,55 +95,18 @@ def unbroadcast(grad, shape):
     return grad
 
 
-class GradientMismatchError(RuntimeError):
-    """A Function's backward returned a gradient whose shape or dtype is not its input's.
-
-    Attributes (for tools such as gradcheck): ``fn`` (the Function's name), ``index`` (which
-    positional input; None for a wrong count), ``kind`` ("shape", "dtype", "count" or "type"),
-    ``got`` and ``expected``.
-    """
-
-    def __init__(self, fn, index, kind, got, expected):
-        self.fn, self.index, self.kind, self.got, self.expected = fn, index, kind, got, expected
-        if kind == "shape":
-            text = f"{fn}.backward returned a gradient of shape {got} for an input of shape {expected}"
-        elif kind == "count":
-            text = (f"{fn}.backward returned {got} gradient{'s' if got != 1 else ''} for {expected} "
-                    f"input{'s' if expected != 1 else ''}: return one per positional input of forward, "
-                    "in order (None for an input that needs none)")
-        elif kind == "type":
-            text = (f"{fn}.backward returned a {got} as the gradient of input {index}; backward works on "
-                    f"raw arrays: return an array of the input's shape {expected} (or None)")
-        else:
-            text = (f"{fn}.backward returned a {got} gradient for a {expected} input "
-                    "(an accidental upcast? keep constants in the input's dtype)")
-        super().__init__(text)
-
-
-class MixedPrecisionError(TypeError):
-    """An op's input that requires grad meets a wider float input (float32 and float64), so its
-    gradient would come back in the wider dtype. Attributes: ``fn``, ``name`` and ``dtype`` (the
-    narrower input), ``other`` and ``widest``."""
-
-    def __init__(self, fn, name, dtype, other, widest):
-        self.fn, self.name, self.dtype, self.other, self.widest = fn, name, np.dtype(dtype), other, np.dtype(widest)
-        super().__init__(
-            f"{fn}: {name} is {dtype} but {other} is {widest}, so the result and the gradient of {name} would "
-            f"be {widest}; convert them to one precision first (x.float() for float32, x.double() for float64)"
-        )
-
-
+# --------------------------------------------------------------------------- the graph node
 class Context:
     """What one application of a Function remembers (the ``ctx`` of forward and backward);
     also the node of the graph.
 
     For forward: ``ctx.save_for_backward(*arrays)`` keeps arrays for backward, which reads
-    them back as ``ctx.saved_tensors``. Attributes: ``needs_input_grad`` (a bool per positional input), ``saved_tensors``
-    (what ``save_for_backward`` stored), ``input_shapes`` and ``input_dtypes`` (of the
-    positional inputs; None for inputs that are not arrays), ``retain_graph`` (False while
-    backward runs for the last time: the engine drops what forward saved right after, so
-    backward may write its result into a saved array it owns). Forward may set other
-    attributes freely (``ctx.axis = axis``) for its backward to read.
+    them back as ``ctx.saved_tensors``. Attributes: ``needs_input_grad`` (a bool per positional
+    input), ``saved_tensors`` (what ``save_for_backward`` stored), ``input_shapes`` and
+    ``input_dtypes`` (of the positional inputs; None for inputs that are not arrays),
+    ``retain_graph`` (False while backward runs for the last time: the engine drops what
+    forward saved right after, so backward may write its result into a saved array it owns).
+    Forward may set other attributes freely (``ctx.axis = axis``) for its backward to read.
 
     The node does *not* keep its input tensors: only ``parents``, for each input that needs a
     gradient, the node that made it (or the leaf tensor itself). So an intermediate result
@@ -193,7 +119,7 @@ class Context:
         self.fn = fn
         self.needs_input_grad = needs_input_grad
         self.saved_tensors = ()
-        self.parents = tuple(_node_of(a) if need else None for a, need in zip(args, needs_input_grad))
+        self.parents = tuple(graph.node_of(a) if need else None for a, need in zip(args, needs_input_grad))
         self.input_shapes = tuple(getattr(a, "shape", None) for a in args)
         self.input_dtypes = tuple(getattr(a, "dtype", None) for a in args)
         self.output = None  # a weak reference to the output tensor, set by apply
@@ -215,11 +141,19 @@ class Context:
         return saved
 
 
-def _node_of(t):
-    """The graph node behind tensor ``t``: the Context that made it, or ``t`` itself for a leaf."""
-    return t if t._ctx is None else t._ctx
+class _NoGraphContext:
+    """The ctx that forward receives when no graph is recorded: it remembers nothing."""
+
+    saved_tensors = ()
+
+    def __init__(self, n):
+        self.needs_input_grad = (False,) * n
+
+    def save_for_backward(self, *arrays):
+        pass
 
 
+# --------------------------------------------------------------------------- Function
 class Function:
     """Base class of every differentiable operation. Subclass it; call ``MyOp.apply(...)``.
 
@@ -284,241 +218,23 @@ class Function:
         the graph, so that ``backward`` is called during ``y.backward()``.
         """
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-        _check_inputs(cls, args, arrays, kwargs)
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = _grad_mode.enabled and any(needs)
-        impl = _implementation(cls, arrays)   # the reference itself, or its fast-tier stand-in
+        contract.check_inputs(cls, args, arrays, kwargs, record)
+        # The one hook: the fast tier's implementation of this op on this device, if it registered
+        # one (tinymlp/dispatch.py), else the class itself. Same contract, tested against it.
+        impl = dispatch.implementation_for(cls, arrays)
         ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
         out = impl.forward(ctx, *arrays, **kwargs)
         result = Tensor._from_op(out, ctx if record else None)
-        _share_views(result, args, arrays)
+        guard.share_views(result, args, arrays)        # a view of an input shares its memory
         if record:
             ctx.output = weakref.ref(result)
-            ctx.guarded = _guard(ctx, args, arrays)
+            ctx.guarded = guard.record(ctx, args, arrays)   # the saved inputs backward will check
         return result
 
 
-class _NoGraphContext:
-    """The ctx that forward receives when no graph is recorded: it remembers nothing."""
-
-    saved_tensors = ()
-
-    def __init__(self, n):
-        self.needs_input_grad = (False,) * n
-
-    def save_for_backward(self, *arrays):
-        pass
-
-
-# --------------------------------------------------------------------------- the in-place guard
-# A gradient computed from values that changed after forward saved them is wrong, silently.
-# The guard refuses such a backward. It follows every write into a saved input, by two routes:
-#
-# - writes tinymlp makes (in-place operators, t[i] = v, optimizer steps, load_state_dict): each
-#   bumps the ``version`` of the tensor's memory (shared with the views and detached copies of
-#   the tensor); forward records the version of every input whose memory it saved, backward
-#   compares;
-# - writes through the raw array (``t.data[...] = v``, ``t.data -= lr * g``): the array is
-#   reached through ``t.data``, and that first read after a save takes a checksum (CRC-32) of
-#   the saved memory, before the caller can write; backward takes it again and compares.
-#
-# Nothing is copied and nothing is read in a step that does neither (the cost is a few small
-# objects per saved input). Not seen: a write through an array taken from ``.data`` *before*
-# the forward pass that saved it.
-#
-# The checksum route is CPU-only: on the GPU the versions are checked (writes through tinymlp
-# are refused on both devices), but no checksum is taken (it would read device memory back
-# and stall every step), so a write through ``t.data`` of a CUDA tensor is not seen there.
-
-
-class Storage:
-    """What the in-place guard knows of one tensor's memory (shared by its views).
-
-    ``version`` counts the writes made through tinymlp; ``saves`` lists a ``_Saved`` for each
-    graph node that saved this memory and has not run its (last) backward yet."""
-
-    __slots__ = ("version", "saves")
-
-    def __init__(self):
-        self.version = 0
-        self.saves = []
-
-
-class _Saved:
-    """One input whose memory forward saved: enough for backward to tell whether it changed."""
-
-    __slots__ = ("index", "array", "storage", "version", "name", "checksum", "node")
-
-    def __init__(self, index, array, storage, name, node):
-        self.index, self.array, self.storage, self.name = index, array, storage, name
-        self.version = storage.version
-        self.checksum = None
-        self.node = weakref.ref(node)
-
-    def pending(self):
-        """Whether the node that saved the array may still run backward."""
-        node = self.node()
-        return node is not None and node.fn is not None
-
-
-def storage_of(t: Tensor) -> Storage:
-    """The guard's record of ``t``'s memory, made on first use."""
-    if t._storage is None:
-        t._storage = Storage()
-    return t._storage
-
-
-def mark_written(t: Tensor) -> None:
-    """Record a write into ``t``'s memory made through tinymlp (an in-place operator, an
-    optimizer step): a backward that needs the old values will refuse to run."""
-    if t._storage is not None:
-        t._storage.version += 1
-
-
-def before_raw_access(storage: Storage) -> None:
-    """Called by ``Tensor.data`` when a graph saved that memory: checksum it before the caller
-    can write through the raw array (once per saving node), and forget finished nodes.
-    CPU arrays only: a CuPy array is not checksummed (it would stall the GPU), so a write
-    through ``.data`` of a CUDA tensor is not caught."""
-    pending = [s for s in storage.saves if s.pending()]
-    sums = {}
-    for s in pending:
-        if s.checksum is None and type(s.array).__module__ == "numpy":
-            key = id(s.array)
-            if key not in sums:
-                sums[key] = _checksum(s.array)
-            s.checksum = sums[key]
-    storage.saves = pending
-
-
-def _owner(arr):
-    """The array that owns ``arr``'s memory (NumPy and CuPy point a view's ``base`` at it)."""
-    base = getattr(arr, "base", None)
-    return arr if base is None else base
-
-
-def _shares(a, b):
-    """Whether arrays ``a`` and ``b`` may overlap: only views of one owner can, and for those
-    the array module's ``may_share_memory`` decides (a bounds test on the host, no device read)."""
-    if a is b:
-        return True
-    if type(a) is not type(b) or _owner(a) is not _owner(b):
-        return False
-    may_share = getattr(array_module(a), "may_share_memory", None)
-    return may_share(a, b) if may_share is not None else True
-
-
-def _checksum(arr) -> int:
-    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
-
-
-def _guard(ctx, args, arrays):
-    """For each input Tensor whose memory forward saved: a ``_Saved`` record, also listed on
-    the tensor's storage (so that ``.data`` can checksum it before a raw write)."""
-    saved = ctx.saved_tensors
-    if not saved:
-        return ()
-    records = []
-    for i, a in enumerate(args):
-        if not isinstance(a, Tensor):
-            continue
-        arr = arrays[i]
-        for s in saved:                  # the usual case: forward saved the input itself
-            if s is arr:
-                break
-        else:                            # or a view of its memory (a reshape, a transpose)
-            if not arr.size:
-                continue
-            owner = _owner(arr)
-            if not any(hasattr(s, "dtype") and _owner(s) is owner and _shares(s, arr) for s in saved):
-                continue
-        storage = a._storage if a._storage is not None else storage_of(a)
-        if len(storage.saves) > 8:                     # graphs dropped without backward
-            storage.saves = [s for s in storage.saves if s.pending()]
-        record = _Saved(i, arr, storage, a.name, ctx)
-        storage.saves.append(record)
-        records.append(record)
-    return records
-
-
-def _share_views(result, args, arrays):
-    """An output that is a view of an input (a reshape, a slice) shares its input's storage:
-    a write into one is a write into the other."""
-    out = result._data
-    if getattr(out, "base", None) is None:     # owns its memory: a new array
-        return
-    for a, arr in zip(args, arrays):
-        if isinstance(a, Tensor) and _shares(out, arr):
-            result._storage = storage_of(a)
-            return
-
-
-def _check_unmodified(node):
-    """Raise if an input saved by ``node``'s forward was changed in place since (see above)."""
-    for s in getattr(node, "guarded", ()):
-        if s.storage.version != s.version:
-            how = "by an in-place operation (x -= ..., x[i] = ..., or an optimizer step before backward())"
-        elif s.checksum is not None and _checksum(s.array) != s.checksum:
-            how = "through its array (x.data[...] = ..., x.data -= ...)"
-        else:
-            continue
-        reference = getattr(node.fn, "reference", node.fn)
-        what = _input_name(reference, s.index) + (f" (tensor '{s.name}')" if s.name else "")
-        raise RuntimeError(
-            f"{reference.__name__}: {what}, of shape {tuple(s.array.shape)}, was modified in place {how} "
-            "after forward saved it for backward, so its gradients would be wrong; change a copy, "
-            "or run backward() first"
-        )
-
-
-def _input_name(fn, i):
-    """"input 1 'weight'": positional input ``i`` of ``fn.forward``, by number and name."""
-    fn = getattr(fn, "reference", fn)
-    try:
-        params = list(inspect.signature(fn.forward).parameters)[1:]
-    except (TypeError, ValueError):
-        params = []
-    return f"input {i}" + (f" '{params[i]}'" if i < len(params) and not params[i].startswith("*") else "")
-
-
-def _release(node):
-    """The node ran its last backward: its records leave the storages' lists."""
-    for s in getattr(node, "guarded", ()):
-        if s in s.storage.saves:
-            s.storage.saves.remove(s)
-
-
-def _check_inputs(fn, args, arrays, kwargs):
-    """Refuse, at forward and naming the op, what backward would otherwise trip over later:
-    a Tensor among the keyword options (it would get no gradient), an input that requires grad
-    meeting a wider float (float32 meeting float64: the result would be float64, and the float32
-    input's gradient with it), a CPU array meeting a CUDA array."""
-    for key, value in kwargs.items():
-        if isinstance(value, Tensor):
-            raise TypeError(
-                f"{fn.__name__}.apply: the tensor {key!r} was passed by keyword; pass tensors positionally, "
-                f"in forward's order (keyword arguments are options: a tensor there would get no gradient)"
-            )
-    dtypes = [d if isinstance(d := getattr(arr, "dtype", None), np.dtype) else None for arr in arrays]
-    if _grad_mode.enabled and len(set(dtypes) - {None}) > 1:     # several dtypes: look closer
-        floats = [(i, dtype) for i, dtype in enumerate(dtypes) if dtype is not None and dtype.kind == "f"]
-    else:
-        floats = ()
-    if len(floats) > 1:
-        j, widest = max(floats, key=lambda f: f[1].itemsize)
-        for i, dtype in floats:   # the output is `widest`: a narrower input's gradient would be too
-            if dtype.itemsize < widest.itemsize and isinstance(args[i], Tensor) and args[i].requires_grad:
-                raise MixedPrecisionError(fn.__name__, _input_name(fn, i), dtype, _input_name(fn, j), widest)
-    if "cupy" not in sys.modules:  # without CuPy every array is a NumPy array: nothing more to check
-        return
-    devices = [device_of(arr) for a, arr in zip(args, arrays) if isinstance(a, Tensor)]
-    if len(set(devices)) > 1:
-        raise RuntimeError(
-            f"{fn.__name__}: inputs are on different devices ({', '.join(devices)}); "
-            "move them to one device first with .to(device)"
-        )
-
-
+# --------------------------------------------------------------------------- backward
 def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
     """Backpropagate from ``root``; leaf tensors that require grad accumulate into ``.grad``."""
     if not root.requires_grad:
@@ -536,9 +252,8 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
         if grad.shape != root.shape:
             raise RuntimeError(f"backward(): gradient of shape {grad.shape} for an output of shape {root.shape}")
 
-    root_node = _node_of(root)
-    grads = {id(root_node): grad}
-    for node in _reverse_topological(root_node):
+    grads = {id(graph.node_of(root)): grad}      # node -> dL/d(its output), summed over its consumers
+    for node in reversed(graph.nodes(root)):      # outputs first: every consumer before its inputs
         g = grads.pop(id(node), None)
         if g is None:
             continue
@@ -554,42 +269,16 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 "call backward(retain_graph=True) the first time to backpropagate twice"
             )
         node.retain_graph = retain_graph
-        _check_unmodified(node)
-        in_grads = _as_gradients(node, node.fn.backward(node, g))
-        for i, parent in enumerate(node.parents):
-            if parent is None or in_grads[i] is None:
+        guard.check_unmodified(node)
+        in_grads = contract.gradients(node, node.fn.backward(node, g))   # one per input, shapes checked
+        for parent, ig in zip(node.parents, in_grads):
+            if parent is None or ig is None:
                 continue
-            ig = in_grads[i]
-            shape, dtype = node.input_shapes[i], node.input_dtypes[i]
-            if ig.shape != shape:
-                raise GradientMismatchError(node.fn.__name__, i, "shape", tuple(ig.shape), tuple(shape))
-            if ig.dtype != dtype:
-                raise GradientMismatchError(node.fn.__name__, i, "dtype", str(ig.dtype), str(dtype))
-            key = id(parent)
-            prev = grads.get(key)
-            grads[key] = ig if prev is None else prev + ig
+            prev = grads.get(id(parent))
+            grads[id(parent)] = ig if prev is None else prev + ig
         if not retain_graph:
-            _release(node)
+            guard.release(node)
             _free(node)
-
-
-def _as_gradients(node, returned):
-    """What backward returned, as one entry per positional input, or a clear error.
-
-    Trailing inputs that are not arrays (a shape, an axis) may be left out, as they always get
-    None; an array input may not.
-    """
-    name = node.fn.__name__
-    grads = returned if isinstance(returned, tuple) else (returned,)
-    n = len(node.parents)
-    arrays = [i for i, shape in enumerate(node.input_shapes) if shape is not None]
-    least = arrays[-1] + 1 if arrays else 0
-    if not least <= len(grads) <= n:
-        raise GradientMismatchError(name, None, "count", len(grads), n)
-    for i, gr in enumerate(grads):
-        if gr is not None and not (hasattr(gr, "shape") and hasattr(gr, "dtype") and not isinstance(gr, Tensor)):
-            raise GradientMismatchError(name, i, "type", type(gr).__name__, node.input_shapes[i])
-    return grads + (None,) * (n - len(grads))
 
 
 class _FreedNode:
@@ -608,24 +297,3 @@ def _free(ctx):
     out = ctx.output() if ctx.output is not None else None
     if out is not None:
         out._ctx = _FREED
-
-
-def _reverse_topological(root):
-    """Graph nodes reachable from ``root`` (Contexts, and leaf Tensors), outputs before inputs."""
-    order = []
-    visited = set()
-    stack = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        for parent in getattr(node, "parents", ()):
-            if parent is not None and id(parent) not in visited:
-                stack.append((parent, False))
-    order.reverse()
-    return order

@@ -30,9 +30,9 @@ import math
 import numpy as np
 
 from . import fast
-from .autograd import mark_written
 from .backend import array_module, device_of, to_device
 from .fast import optim as fast_optim
+from .guard import mark_written
 from .nn.module import value_problem
 from .tensor import Tensor
 

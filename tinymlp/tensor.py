@@ -104,13 +104,13 @@ class Tensor:
         Writing into it (``t.data[...] = v``, ``t.data -= lr * g``) changes the tensor without
         autograd knowing. If a graph has saved this tensor for its backward, reading ``.data``
         first lets the in-place guard take a checksum of what was saved, so that ``backward()``
-        refuses a gradient computed from changed values (see ``tinymlp.autograd``). On the CPU
+        refuses a gradient computed from changed values (see ``tinymlp.guard``). On the CPU
         only: for a CUDA tensor no checksum is taken (it would read the GPU's memory back every
         step), so such a write goes unseen there; write through tinymlp instead (``t[...] = v``
         or ``t -= lr * g`` under ``no_grad``), which both devices check.
         """
         if self._storage is not None and self._storage.saves:
-            _autograd.before_raw_access(self._storage)
+            _guard.before_raw_access(self._storage)
         return self._data
 
     @data.setter
@@ -188,7 +188,7 @@ class Tensor:
         """The same data (shared, not copied) outside the graph; a write into either is a
         write into both, and the in-place guard sees it through either."""
         out = Tensor._from_op(self._data, None)
-        out._storage = _autograd.storage_of(self)
+        out._storage = _guard.storage_of(self)
         return out
 
     def item(self):
@@ -330,14 +330,14 @@ class Tensor:
 
     def __setitem__(self, index, value):
         """``t[index] = value``: write into the tensor in place (the rules of ``_in_place``)."""
-        self._check_writable(f"t[...] = value", value)
+        self._check_writable("t[...] = value", value)
         index = tuple(i._data if isinstance(i, Tensor) else i for i in index) if isinstance(index, tuple) \
             else (index._data if isinstance(index, Tensor) else index)
         try:
             self._data[index] = self._operand(value)
         except (TypeError, ValueError) as e:
             raise (TypeError if isinstance(e, TypeError) else ValueError)(f"t[...] = value on a tensor of shape {self.shape} and dtype {self.dtype}: {e}") from None
-        _autograd.mark_written(self)
+        _guard.mark_written(self)
 
     def _in_place(self, symbol, ufunc, other):
         """``self <symbol> other`` written into self's array (the tensor object stays the same).
@@ -357,7 +357,7 @@ class Tensor:
             raise (TypeError if isinstance(e, TypeError) else ValueError)(f"x {symbol} y in place, with x of shape {self.shape} ({self.dtype}) and y of shape "
                           f"{tuple(shape)} ({getattr(value, 'dtype', type(value).__name__)}): the result must "
                           f"fit x's shape and dtype; write x = x {symbol[:-1]} y for a new tensor") from None
-        _autograd.mark_written(self)
+        _guard.mark_written(self)
         return self
 
     def _check_writable(self, what, other):
@@ -548,8 +548,10 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
     return Tensor(data, requires_grad=requires_grad, device=device, dtype=dtype)
 
 
-# The one upward hook (see the module docstring): operators dispatch to the ops, and backward()
-# to the autograd engine, both of which build on the Tensor class defined above.
+# The one upward hook (see the module docstring): operators dispatch to the ops, backward() to
+# the autograd engine and writes to the in-place guard, all of which build on the Tensor class
+# defined above.
 from . import autograd as _autograd  # noqa: E402
+from . import guard as _guard  # noqa: E402
 from . import ops as _ops  # noqa: E402
 from .backend import parse_device as _parse  # noqa: E402

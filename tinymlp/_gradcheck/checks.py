@@ -25,8 +25,9 @@ import math
 
 import numpy as np
 
-from ..autograd import GradientMismatchError, MixedPrecisionError, enable_grad, no_grad
+from ..autograd import enable_grad, no_grad
 from ..backend import to_device
+from ..contract import GradientMismatchError, MixedPrecisionError
 from ..tensor import Tensor
 from .diagnose import dimension_sizes
 from .plan import close_bits, host, same_bits, working_array

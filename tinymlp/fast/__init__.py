@@ -10,8 +10,8 @@ with the same forward/backward contract, registered with ``register`` for a devi
 ``tests/test_fast_contract.py`` checks it against the reference (forward value and every
 gradient, over hypothesis shapes and memory layouts).
 
-``Function.apply`` (tinymlp/autograd.py) looks the registered implementation up; that is the
-engine's one hook. Switching::
+``Function.apply`` (tinymlp/autograd.py) looks the registered implementation up in the dispatch
+table (tinymlp/dispatch.py); that is the engine's one hook. Switching::
 
     TINYMLP_FAST=0 python train.py          # the whole run on the reference tier
     with tinymlp.fast.disabled():           # a block of code on the reference tier
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..autograd import _fast
+from .. import dispatch
 
 __all__ = ["disabled", "enabled", "implementation", "implementations", "is_enabled", "register", "set_enabled"]
 
@@ -48,8 +48,7 @@ def register(reference, devices=("cpu", "cuda")):
         if not issubclass(impl, reference):
             raise TypeError(f"{impl.__name__} must subclass {reference.__name__}, the Function it stands in for")
         for device in devices:
-            _fast.impls[(reference, device)] = impl
-        impl.reference = reference
+            dispatch.register(reference, device, impl)
         return impl
 
     return decorate
@@ -57,35 +56,33 @@ def register(reference, devices=("cpu", "cuda")):
 
 def implementations():
     """``{(reference Function, device): fast implementation}``: what the fast tier replaces."""
-    return dict(_fast.impls)
+    return dispatch.registered()
 
 
 def implementation(reference, device="cpu"):
     """The class that ``reference.apply`` runs on ``device`` right now: its fast implementation
     while the tier is on and one is registered, else ``reference`` itself."""
-    if not _fast.enabled:
-        return reference
-    return _fast.impls.get((reference, device), reference)
+    return dispatch.implementation(reference, device)
 
 
 def is_enabled() -> bool:
     """Whether ops run their fast implementations (``TINYMLP_FAST=0`` makes it False at import)."""
-    return _fast.enabled
+    return dispatch.is_enabled()
 
 
 def set_enabled(on: bool) -> None:
-    """Turn the fast tier on or off for the rest of the process."""
-    _fast.enabled = bool(on)
+    """Turn the fast tier on or off for the rest of the process (the switch lives in ``tinymlp.dispatch``)."""
+    dispatch.set_enabled(on)
 
 
 @contextlib.contextmanager
 def _switched(on):
-    previous = _fast.enabled
-    _fast.enabled = on
+    previous = dispatch.is_enabled()
+    dispatch.set_enabled(on)
     try:
         yield
     finally:
-        _fast.enabled = previous
+        dispatch.set_enabled(previous)
 
 
 def disabled():

@@ -29,8 +29,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from ..autograd import mark_written
 from ..backend import DEFAULT_FLOAT, array_module, is_float_dtype, to_device
+from ..guard import mark_written
 from ..tensor import Tensor
 
 __all__ = ["Module", "Parameter", "StateDictError", "value_problem"]

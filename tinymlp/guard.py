@@ -1,0 +1,189 @@
+"""The in-place guard: ``backward()`` refuses to use a saved input that was changed after forward.
+
+A gradient computed from values that changed after forward saved them is wrong, silently.
+The guard follows every write into a saved input, by two routes:
+
+- writes tinymlp makes (in-place operators, ``t[i] = v``, optimizer steps, ``load_state_dict``):
+  each calls ``mark_written(t)``, which bumps the ``version`` of the tensor's memory (its
+  ``Storage``, shared with the views and detached copies of the tensor); forward records the
+  version of every input whose memory it saved, backward compares;
+- writes through the raw array (``t.data[...] = v``, ``t.data -= lr * g``): the array is reached
+  through ``t.data``, and that first read after a save takes a checksum (CRC-32) of the saved
+  memory (``before_raw_access``), before the caller can write; backward takes it again and
+  compares.
+
+Nothing is copied and nothing is read in a step that does neither (the cost is a few small
+objects per saved input). Not seen: a write through an array taken from ``.data`` *before* the
+forward pass that saved it.
+
+The checksum route is CPU-only: on the GPU the versions are checked (writes through tinymlp are
+refused on both devices), but no checksum is taken (it would read device memory back and stall
+every step), so a write through ``t.data`` of a CUDA tensor is not seen there.
+
+The interface: ``Function.apply`` calls ``share_views`` and ``record``; ``backward()`` calls
+``check_unmodified`` before a node's backward and ``release`` after its last one; ``Tensor``
+calls ``mark_written``, ``storage_of`` and ``before_raw_access``; ``nn`` and ``optim`` call
+``mark_written`` when they write into parameters.
+"""
+
+from __future__ import annotations
+
+import weakref
+import zlib
+
+import numpy as np
+
+from .backend import array_module
+from .contract import input_name
+from .tensor import Tensor
+
+__all__ = ["Storage", "before_raw_access", "check_unmodified", "mark_written", "record", "release",
+           "share_views", "storage_of"]
+
+
+class Storage:
+    """What the guard knows of one tensor's memory (shared by its views).
+
+    ``version`` counts the writes made through tinymlp; ``saves`` lists a ``Saved`` for each
+    graph node that saved this memory and has not run its (last) backward yet."""
+
+    __slots__ = ("version", "saves")
+
+    def __init__(self):
+        self.version = 0
+        self.saves = []
+
+
+class Saved:
+    """One input whose memory forward saved: enough for backward to tell whether it changed."""
+
+    __slots__ = ("index", "array", "storage", "version", "name", "checksum", "node")
+
+    def __init__(self, index, array, storage, name, node):
+        self.index, self.array, self.storage, self.name = index, array, storage, name
+        self.version = storage.version
+        self.checksum = None
+        self.node = weakref.ref(node)
+
+    def pending(self):
+        """Whether the node that saved the array may still run backward."""
+        node = self.node()
+        return node is not None and node.fn is not None
+
+
+def storage_of(t: Tensor) -> Storage:
+    """The guard's record of ``t``'s memory, made on first use."""
+    if t._storage is None:
+        t._storage = Storage()
+    return t._storage
+
+
+def mark_written(t: Tensor) -> None:
+    """Record a write into ``t``'s memory made through tinymlp (an in-place operator, an
+    optimizer step): a backward that needs the old values will refuse to run."""
+    if t._storage is not None:
+        t._storage.version += 1
+
+
+def before_raw_access(storage: Storage) -> None:
+    """Called by ``Tensor.data`` when a graph saved that memory: checksum it before the caller
+    can write through the raw array (once per saving node), and forget finished nodes.
+    CPU arrays only: a CuPy array is not checksummed (it would stall the GPU), so a write
+    through ``.data`` of a CUDA tensor is not caught."""
+    pending = [s for s in storage.saves if s.pending()]
+    sums = {}
+    for s in pending:
+        if s.checksum is None and type(s.array).__module__ == "numpy":
+            key = id(s.array)
+            if key not in sums:
+                sums[key] = _checksum(s.array)
+            s.checksum = sums[key]
+    storage.saves = pending
+
+
+def _owner(arr):
+    """The array that owns ``arr``'s memory (NumPy and CuPy point a view's ``base`` at it)."""
+    base = getattr(arr, "base", None)
+    return arr if base is None else base
+
+
+def _shares(a, b):
+    """Whether arrays ``a`` and ``b`` may overlap: only views of one owner can, and for those
+    the array module's ``may_share_memory`` decides (a bounds test on the host, no device read)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or _owner(a) is not _owner(b):
+        return False
+    may_share = getattr(array_module(a), "may_share_memory", None)
+    return may_share(a, b) if may_share is not None else True
+
+
+def _checksum(arr) -> int:
+    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+
+def share_views(result, args, arrays) -> None:
+    """An output that is a view of an input (a reshape, a slice) shares its input's storage:
+    a write into one is a write into the other."""
+    out = result._data
+    if getattr(out, "base", None) is None:     # owns its memory: a new array
+        return
+    for a, arr in zip(args, arrays):
+        if isinstance(a, Tensor) and _shares(out, arr):
+            result._storage = storage_of(a)
+            return
+
+
+def record(ctx, args, arrays) -> list:
+    """For each input Tensor whose memory forward saved: a ``Saved`` record, also listed on the
+    tensor's storage (so that ``.data`` can checksum it before a raw write). The node keeps the
+    list for ``check_unmodified``."""
+    saved = ctx.saved_tensors
+    if not saved:
+        return []
+    records = []
+    for i, a in enumerate(args):
+        if not isinstance(a, Tensor):
+            continue
+        arr = arrays[i]
+        for s in saved:                  # the usual case: forward saved the input itself
+            if s is arr:
+                break
+        else:                            # or a view of its memory (a reshape, a transpose)
+            if not arr.size:
+                continue
+            owner = _owner(arr)
+            if not any(hasattr(s, "dtype") and _owner(s) is owner and _shares(s, arr) for s in saved):
+                continue
+        storage = a._storage if a._storage is not None else storage_of(a)
+        if len(storage.saves) > 8:                     # graphs dropped without backward
+            storage.saves = [s for s in storage.saves if s.pending()]
+        saved_input = Saved(i, arr, storage, a.name, ctx)
+        storage.saves.append(saved_input)
+        records.append(saved_input)
+    return records
+
+
+def check_unmodified(node) -> None:
+    """Raise if an input saved by ``node``'s forward was changed in place since (see above)."""
+    for s in getattr(node, "guarded", ()):
+        if s.storage.version != s.version:
+            how = "by an in-place operation (x -= ..., x[i] = ..., or an optimizer step before backward())"
+        elif s.checksum is not None and _checksum(s.array) != s.checksum:
+            how = "through its array (x.data[...] = ..., x.data -= ...)"
+        else:
+            continue
+        reference = getattr(node.fn, "reference", node.fn)
+        what = input_name(reference, s.index) + (f" (tensor '{s.name}')" if s.name else "")
+        raise RuntimeError(
+            f"{reference.__name__}: {what}, of shape {tuple(s.array.shape)}, was modified in place {how} "
+            "after forward saved it for backward, so its gradients would be wrong; change a copy, "
+            "or run backward() first"
+        )
+
+
+def release(node) -> None:
+    """The node ran its last backward: its records leave the storages' lists."""
+    for s in getattr(node, "guarded", ()):
+        if s in s.storage.saves:
+            s.storage.saves.remove(s)
