@@ -71,7 +71,9 @@ class StepProfile:
                 if method in cls.__dict__:
                     original = cls.__dict__[method]
                     saved.append((cls, method, original))
-                    setattr(cls, method, staticmethod(self._timed(f"{name} {what}", original.__func__)))
+                    timed = self._timed(f"{name} {what}", original.__func__)
+                    # the same kind of method: a fast class's classmethod finds its kernels through cls
+                    setattr(cls, method, classmethod(timed) if isinstance(original, classmethod) else staticmethod(timed))
         for owner, method, label in ((autograd, "backward", "backward: engine"),
                                      (Optimizer, "step", "optimizer step"),
                                      (Optimizer, "zero_grad", "zero_grad")):

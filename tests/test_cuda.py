@@ -3,7 +3,7 @@
 Every test here carries the ``cuda`` marker (``pytestmark``) and is skipped by conftest where
 CuPy sees no GPU; the module itself imports without CuPy. What is checked, against what:
 
-- each kernel of ``tinymlp.fast.cuda_kernels`` against the generic formula of its op run by
+- each kernel of ``tinymlp/fast/kernels/*_cuda.py`` against the generic formula of its op run by
   NumPy in float64 on the same inputs (float32 and float64; widths 1, 33, 257; one token;
   batch one; strided views of the SGU's halves);
 - every ``F`` op's backward against finite differences (``tinymlp.gradcheck``) on CuPy
@@ -22,7 +22,8 @@ import tinymlp
 import tinymlp.functional as F
 from tinymlp import gradcheck, tensor
 from tinymlp.backend import to_device
-from tinymlp.fast import activation, cuda_kernels
+from tinymlp.fast import activation
+from tinymlp.fast.kernels import activation_cuda, attention_cuda, gating_cuda, norm_cuda, optim_cuda
 from tinymlp.ops import norm
 
 pytestmark = pytest.mark.cuda
@@ -76,22 +77,22 @@ def test_gelu_kernel_matches_generic_formula(cp, dtype, shape):
     x = draw(np.random.default_rng(0), shape, dtype, scale=3.0)
     y_ref, d_ref = np.empty(shape), np.empty(shape)
     activation.gelu_tanh_into(x.astype(np.float64), y_ref, d_ref)     # the generic xp code, on NumPy
-    y, d = cuda_kernels.gelu_tanh_forward(gpu(x))
+    y, d = activation_cuda.gelu_tanh_forward(gpu(x))
     assert y.dtype == dtype and d.dtype == dtype
     assert_close(y, y_ref, dtype, "gelu y")
     assert_close(d, d_ref, dtype, "gelu dy/dx")
-    y_only, none = cuda_kernels.gelu_tanh_forward(gpu(x), want_derivative=False)
+    y_only, none = activation_cuda.gelu_tanh_forward(gpu(x), want_derivative=False)
     assert none is None
     assert_close(y_only, y_ref, dtype, "gelu y (no derivative)")
     g = draw(np.random.default_rng(1), shape, dtype)
-    assert_close(cuda_kernels.gelu_backward(gpu(g), d), g * d_ref, dtype, "gelu backward")
+    assert_close(activation_cuda.gelu_backward(gpu(g), d), g * d_ref, dtype, "gelu backward")
 
 
 def test_gelu_kernel_on_a_strided_view(cp):
     x = draw(np.random.default_rng(2), (4, 66), np.float64, scale=3.0)
     y_ref, d_ref = np.empty((4, 33)), np.empty((4, 33))
     activation.gelu_tanh_into(x[:, ::2], y_ref, d_ref)
-    y, d = cuda_kernels.gelu_tanh_forward(gpu(x)[:, ::2])
+    y, d = activation_cuda.gelu_tanh_forward(gpu(x)[:, ::2])
     assert_close(y, y_ref, np.float64, "gelu y (view)")
     assert_close(d, d_ref, np.float64, "gelu dy/dx (view)")
 
@@ -117,19 +118,19 @@ def test_layer_norm_kernels_match_the_op(cp, dtype, width, lead):
     w, b, g = draw(rng, (width,), dtype), draw(rng, (width,), dtype), draw(rng, shape, dtype)
     y_ref, xhat_ref, rstd_ref, dx_ref, dw_ref, db_ref = layer_norm_reference(x, w, b, g, eps)
 
-    y, xhat, rstd = cuda_kernels.layer_norm_forward(gpu(x), gpu(w), gpu(b), eps)
+    y, xhat, rstd = norm_cuda.layer_norm_forward(gpu(x), gpu(w), gpu(b), eps)
     assert y.shape == shape and xhat.shape == shape and rstd.shape == lead
     assert {y.dtype, xhat.dtype, rstd.dtype} == {np.dtype(dtype)}
     assert_close(y, y_ref, dtype, "layer_norm y")
     assert_close(xhat, xhat_ref, dtype, "layer_norm xhat")
     assert_close(rstd, rstd_ref, dtype, "layer_norm rstd")
 
-    dx, dw, db = cuda_kernels.layer_norm_backward(gpu(g), xhat, rstd, gpu(w))
+    dx, dw, db = norm_cuda.layer_norm_backward(gpu(g), xhat, rstd, gpu(w))
     assert_close(dx, dx_ref, dtype, "layer_norm dx")
     assert_close(dw, dw_ref, dtype, "layer_norm dweight")
     assert_close(db, db_ref, dtype, "layer_norm dbias")
 
-    xhat2, rstd2 = cuda_kernels.layer_norm_normalize(gpu(x), eps)
+    xhat2, rstd2 = norm_cuda.layer_norm_normalize(gpu(x), eps)
     assert_close(xhat2, xhat_ref, dtype, "layer_norm_normalize xhat")
     assert (host(rstd2) == host(rstd)).all()
 
@@ -145,7 +146,7 @@ def test_layer_norm_parameter_gradients_over_many_rows(cp, dtype, rows, width):
     """
     rng = np.random.default_rng(rows + width)
     g, xhat = draw(rng, (rows, width), dtype), draw(rng, (rows, width), dtype)
-    dw, db = cuda_kernels.layer_norm_param_grads(gpu(g), gpu(xhat))
+    dw, db = norm_cuda.layer_norm_param_grads(gpu(g), gpu(xhat))
     g64, h64 = g.astype(np.float64), xhat.astype(np.float64)
     rel = 1e-12 if np.dtype(dtype) == np.float64 else 3e-5
     for got, terms, what in ((dw, g64 * h64, "dweight"), (db, g64, "dbias")):
@@ -160,9 +161,9 @@ def test_layer_norm_kernels_without_weight_and_bias(cp):
     x, g = draw(rng, (4, 33), np.float64), draw(rng, (4, 33), np.float64)
     ones, zeros = np.ones(33), np.zeros(33)
     y_ref, _, _, dx_ref, _, _ = layer_norm_reference(x, ones, zeros, g, 1e-5)
-    y, xhat, rstd = cuda_kernels.layer_norm_forward(gpu(x), None, None, 1e-5)
+    y, xhat, rstd = norm_cuda.layer_norm_forward(gpu(x), None, None, 1e-5)
     assert_close(y, y_ref, np.float64, "y")
-    dx, _, _ = cuda_kernels.layer_norm_backward(gpu(g), xhat, rstd, None, need_dweight=False, need_dbias=False)
+    dx, _, _ = norm_cuda.layer_norm_backward(gpu(g), xhat, rstd, None, need_dweight=False, need_dbias=False)
     assert_close(dx, dx_ref, np.float64, "dx")
 
 
@@ -176,11 +177,11 @@ def test_layer_norm_kernels_read_and_write_strided_halves(cp, dtype, B, S, e):
     _, xhat_ref, _, dx_ref, dw_ref, db_ref = layer_norm_reference(z[..., e:], gamma, np.zeros(e), gn, 1e-5)
 
     zg = gpu(z)
-    xhat, rstd = cuda_kernels.layer_norm_normalize(zg[..., e:], 1e-5)
+    xhat, rstd = norm_cuda.layer_norm_normalize(zg[..., e:], 1e-5)
     assert_close(xhat, xhat_ref, dtype, "xhat of the second half")
     dz = cp.full((B, S, 2 * e), 7.0, dtype=dtype)
     dz2 = dz[..., e:]
-    dx, dw, db = cuda_kernels.layer_norm_backward(gpu(gn), xhat, rstd, gpu(gamma), out=dz2)
+    dx, dw, db = norm_cuda.layer_norm_backward(gpu(gn), xhat, rstd, gpu(gamma), out=dz2)
     assert dx is dz2
     assert_close(dz[..., e:], dx_ref, dtype, "dx written into the second half")
     assert (host(dz[..., :e]) == 7.0).all(), "the first half was overwritten"
@@ -200,9 +201,9 @@ def test_softmax_backward_kernel_matches_formula(cp, dtype, width, lead):
     g = draw(rng, shape, dtype)
     p64, g64 = p.astype(np.float64), g.astype(np.float64)
     ref = p64 * (g64 - (g64 * p64).sum(-1, keepdims=True))       # Softmax.backward in attention.py
-    assert_close(cuda_kernels.softmax_backward(gpu(p), gpu(g)), ref, dtype, "softmax backward")
+    assert_close(attention_cuda.softmax_backward(gpu(p), gpu(g)), ref, dtype, "softmax backward")
     gg = gpu(g)
-    out = cuda_kernels.softmax_backward(gpu(p), gg, out=gg)      # in place, as Attention.backward does
+    out = attention_cuda.softmax_backward(gpu(p), gg, out=gg)      # in place, as Attention.backward does
     assert out is gg
     assert_close(gg, ref, dtype, "softmax backward in place")
 
@@ -221,12 +222,12 @@ def test_sgu_gate_kernels_match_formula(cp, dtype, residual, B, S, e):
     out_ref = z64[..., :e] * f_ref
 
     zg, f = gpu(z), gpu(f0)
-    out = cuda_kernels.sgu_gate_forward(f, gpu(gamma), gpu(shift), zg[..., :e], gpu(a) if residual else None)
+    out = gating_cuda.sgu_gate_forward(f, gpu(gamma), gpu(shift), zg[..., :e], gpu(a) if residual else None)
     assert_close(f, f_ref, dtype, "F (in place)")
     assert_close(out, out_ref, dtype, "z1 * F")
 
     dz = cp.full((B, S, 2 * e), 7.0, dtype=dtype)
-    _, gf = cuda_kernels.sgu_gate_backward(gpu(g), f, zg[..., :e], dz1=dz[..., :e])
+    _, gf = gating_cuda.sgu_gate_backward(gpu(g), f, zg[..., :e], dz1=dz[..., :e])
     assert_close(dz[..., :e], g * f_ref, dtype, "dz1 = G * F")
     assert_close(gf, g * z64[..., :e], dtype, "G_F = G * z1")
     assert (host(dz[..., e:]) == 7.0).all(), "the second half was overwritten"
@@ -234,9 +235,9 @@ def test_sgu_gate_kernels_match_formula(cp, dtype, residual, B, S, e):
 
 def test_kernels_refuse_other_dtypes(cp):
     with pytest.raises(TypeError, match="float32 or float64"):
-        cuda_kernels.gelu_tanh_forward(cp.zeros(3, dtype=cp.float16))
+        activation_cuda.gelu_tanh_forward(cp.zeros(3, dtype=cp.float16))
     with pytest.raises(TypeError, match="one dtype"):
-        cuda_kernels.softmax_backward(cp.zeros(3, dtype=cp.float32), cp.zeros(3, dtype=cp.float64))
+        attention_cuda.softmax_backward(cp.zeros(3, dtype=cp.float32), cp.zeros(3, dtype=cp.float64))
 
 
 # ============================================================================ gradchecks on the GPU
@@ -491,13 +492,13 @@ def test_layer_norm_kernels_keep_a_token_major_layout(cp, dtype):
     host = rng.standard_normal((3, 5, 33)).astype(dtype)
     x = cp.ascontiguousarray(cp.asarray(host).transpose(1, 0, 2)).transpose(1, 0, 2)   # token-major (B, S, C)
     w, b = gpu(rng.random(33), dtype), gpu(rng.random(33), dtype)
-    y, xhat, rstd = cuda_kernels.layer_norm_forward(x, w, b, 1e-5)
+    y, xhat, rstd = norm_cuda.layer_norm_forward(x, w, b, 1e-5)
     assert y.transpose(1, 0, 2).flags.c_contiguous and xhat.transpose(1, 0, 2).flags.c_contiguous
     mean, var = host.mean(-1, keepdims=True), host.var(-1, keepdims=True)
     expected = (host - mean) / np.sqrt(var + 1e-5) * to_device(w, "cpu") + to_device(b, "cpu")
     assert_close(y, expected, dtype, "token-major LayerNorm")
     g = cp.ascontiguousarray(cp.asarray(rng.standard_normal(host.shape).astype(dtype)).transpose(1, 0, 2)).transpose(1, 0, 2)
-    dx, _, _ = cuda_kernels.layer_norm_backward(g, xhat, rstd, w)
+    dx, _, _ = norm_cuda.layer_norm_backward(g, xhat, rstd, w)
     assert dx.transpose(1, 0, 2).flags.c_contiguous
     gw = to_device(g, "cpu") * to_device(w, "cpu")
     xh = (host - mean) / np.sqrt(var + 1e-5)
@@ -510,7 +511,7 @@ def test_sgu_gate_kernel_writes_into_a_strided_out(cp):
     f, z1 = (rng.standard_normal((2, 4, 6)).astype(np.float32) for _ in range(2))
     gamma, shift = rng.random(6).astype(np.float32), rng.random((4, 6)).astype(np.float32)
     out = cp.zeros((4, 2, 6), dtype=np.float32).transpose(1, 0, 2)           # (B, S, e) token-major
-    got = cuda_kernels.sgu_gate_forward(gpu(f), gpu(gamma), gpu(shift), gpu(z1), out=out)
+    got = gating_cuda.sgu_gate_forward(gpu(f), gpu(gamma), gpu(shift), gpu(z1), out=out)
     assert got is out
     assert_close(out, z1 * (f * gamma + shift), np.float32, "sgu gate into out")
 
@@ -524,7 +525,7 @@ def _adam_run(cp, dtype, fused, monkeypatch, decoupled):
     opt = cls(params, lr=0.05, weight_decay=0.1)
     with monkeypatch.context() as m:
         if not fused:
-            m.setattr(cuda_kernels, "multi_tensor_ok", lambda arrays: False)
+            m.setattr(optim_cuda, "multi_tensor_ok", lambda arrays: False)
         for _ in range(3):
             for p in params:
                 p.grad = gpu(rng.standard_normal(p.shape), dtype)

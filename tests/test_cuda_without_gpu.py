@@ -16,7 +16,12 @@ A *stand-in* for CuPy (NumPy underneath) is registered as the ``cupy`` module, s
   device and reads the verdict back);
 - it has no kernels: ``ElementwiseKernel``, ``RawModule`` and ``ReductionKernel`` fail when
   compiled, like a CuPy without the CUDA headers, so the fast tier's kernels fall back to its
-  array code (with one warning).
+  array code (with one warning);
+- for the fast tier's own kernels, NumPy emulations (``EMULATED``) stand in for the two places
+  where ``fast/cuda.py`` compiles them (``cuda.kernel``, ``cuda.elementwise``): each reads and
+  writes memory as its CUDA code does, so that every launch path of the fast tier (the layouts,
+  strides and buffers the Python side hands the kernels) runs here, and a test checks that a
+  training step of each model launches every kernel there is.
 
 What it cannot see: timings; the maths of the CUDA kernels (``tests/test_cuda.py`` checks them
 on a GPU); CuPy-internal synchronisations other than those modelled above (allocator pressure,
@@ -30,7 +35,6 @@ import contextlib
 import math
 import sys
 import types
-import warnings
 
 import numpy as np
 import pytest
@@ -38,7 +42,8 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 import tinymlp
 from tinymlp import backend
-from tinymlp.fast import cuda_kernels
+from tinymlp.fast import cuda
+from tinymlp.fast.kernels import activation_cuda, attention_cuda, gating_cuda, norm_cuda, optim_cuda
 
 
 # ============================================================================ the stand-in
@@ -362,14 +367,22 @@ def gpu(monkeypatch):
     monkeypatch.setattr(backend, "_cupy", standin)
     monkeypatch.setattr(backend, "_cupy_error", None)
     monkeypatch.setattr(backend, "_cuda_checked", {})
-    monkeypatch.setattr(cuda_kernels, "_kernel_state", {np.dtype(np.float32): "CompileException: stand-in",
-                                                         np.dtype(np.float64): "CompileException: stand-in"})
+    monkeypatch.setattr(cuda, "_kernel_state", {np.dtype(np.float32): "CompileException: stand-in",
+                                                np.dtype(np.float64): "CompileException: stand-in"})
     monkeypatch.setattr(backend, "_device_constants", {})
-    cuda_kernels._cupy.cache_clear()
+    _clear_kernel_caches()
     READS.count, READS.where = 0, []
     UPLOADS.count, UPLOADS.where = 0, []
     yield standin
-    cuda_kernels._cupy.cache_clear()
+    _clear_kernel_caches()
+
+
+_KERNEL_CACHES = (cuda.cupy, cuda._module, cuda._function, cuda.elementwise)   # (tests replace some of them)
+
+
+def _clear_kernel_caches():
+    for cached in _KERNEL_CACHES:
+        cached.cache_clear()
 
 
 @contextlib.contextmanager
@@ -431,7 +444,7 @@ def test_dropout_keeps_a_few_device_generators(gpu):
 
 
 def test_a_kernel_that_does_not_compile_falls_back_with_one_warning(gpu, monkeypatch):
-    monkeypatch.setattr(cuda_kernels, "_kernel_state", {})
+    monkeypatch.setattr(cuda, "_kernel_state", {})
     with pytest.warns(RuntimeWarning, match="CUDA kernels for float32 failed to compile or run") as record:
         x = tinymlp.tensor(np.random.default_rng(0).standard_normal((3, 5)), device="cuda", dtype="float32")
         ln = tinymlp.nn.LayerNorm(5).to("cuda")
@@ -471,7 +484,7 @@ def test_doctor_reports_a_gpu_that_cannot_run_a_kernel(gpu, monkeypatch, capsys)
 
 def test_doctor_says_ready_and_names_the_kernel_fallback(gpu, monkeypatch, capsys):
     from tinymlp.__main__ import doctor
-    monkeypatch.setattr(cuda_kernels, "_kernel_state", {})
+    monkeypatch.setattr(cuda, "_kernel_state", {})
     with pytest.warns(RuntimeWarning, match="CUDA kernels"):
         assert doctor() == 0
     out = capsys.readouterr().out
@@ -688,10 +701,14 @@ def test_loaders_refuse_out_of_range_labels_and_token_ids_on_the_host(gpu, devic
         list(TokenLoader(tokens, 2, device=device))
 
 
-def _emulated_row_kernel(name, dtype):
-    """The row kernels of ``cuda_kernels`` in NumPy, reading and writing memory as the CUDA code
-    does (rows every ``stride`` elements from the start of the array; outputs C-contiguous), so
-    that the layouts the Python side hands them are checked without a GPU."""
+def _emulated_row_kernel(source, name, dtype):
+    """The raw kernels of ``fast/kernels/*_cuda.py`` in NumPy, reading and writing memory as the
+    CUDA code does (rows every ``stride`` elements from the start of the array; outputs
+    C-contiguous), so that the layouts the Python side hands them are checked without a GPU.
+    A kernel launched from a source that does not define it fails, as it would on a GPU."""
+    assert f'extern "C" __global__ void {name}(' in source, f"{name} is not defined in the source it is launched from"
+    LAUNCHED.add(name)
+
     def run(grid, block, args):
         n = grid[0]
         if name == "layer_norm_forward":
@@ -732,25 +749,82 @@ def _emulated_row_kernel(name, dtype):
             partial, out, planes, chunks, width = args
             out._a.reshape(int(planes), int(width))[...] = \
                 partial._a.reshape(int(planes), int(chunks), int(width)).sum(axis=1)
+        elif name == "softmax_backward":
+            p, g, dx, width = args
+            d = int(width)
+            assert p._a.flags.c_contiguous and g._a.flags.c_contiguous and dx._a.flags.c_contiguous
+            P, G = p._a.reshape(n, d), g._a.reshape(n, d)
+            dx._a.reshape(n, d)[...] = P * (G - (G * P).sum(axis=1, keepdims=True))
         else:
             raise CompileException(name)
     return run
 
 
+def _emulated_elementwise(in_params, out_params, body, name):
+    """The elementwise kernels of ``fast/kernels/*_cuda.py`` in NumPy, with CuPy's calling
+    convention: inputs, then outputs (allocated when not given, bound by reference when given)."""
+    LAUNCHED.add(name)
+    c0, c1 = activation_cuda.C0, activation_cuda.C1
+
+    def gelu(x):
+        t = np.tanh(c0 * (x + c1 * x * x * x))
+        h = 0.5 * (1 + t)
+        return x * h, h + x * h * (1 - t) * (c0 + 3 * c0 * c1 * x * x)
+
+    def run(*args):
+        a = [v._a if isinstance(v, DeviceArray) else v for v in args]
+        if name == "tinymlp_gelu_tanh_grad":
+            y, d = gelu(a[0])
+            return DeviceArray(y.astype(a[0].dtype)), DeviceArray(d.astype(a[0].dtype))
+        if name == "tinymlp_gelu_tanh":
+            return DeviceArray(gelu(a[0])[0].astype(a[0].dtype))
+        if name in ("tinymlp_sgu_gate", "tinymlp_sgu_gate_residual"):
+            gamma, shift, *rest = a
+            residual = rest.pop(0) if name.endswith("residual") else 0
+            z1, f, out = rest
+            f[...] = f * gamma + shift + residual
+            out[...] = z1 * f
+            return args[-2], args[-1]
+        if name == "tinymlp_sgu_gate_backward":
+            g, f, z1, dz1, gf = a
+            dz1[...] = g * f
+            gf[...] = g * z1
+            return args[-2], args[-1]
+        raise CompileException(name)
+    return run
+
+
+LAUNCHED = set()      # the names of the kernels the emulations ran
+
+
+@pytest.fixture
+def emulated(gpu, monkeypatch):
+    """Every fast-tier CUDA kernel "working" on the stand-in (both dtypes), emulated in NumPy."""
+    monkeypatch.setattr(cuda, "kernel", _emulated_multi_tensor)
+    monkeypatch.setattr(cuda, "elementwise", _emulated_elementwise)
+    monkeypatch.setattr(cuda, "_kernel_state", {})
+    monkeypatch.setattr(optim_cuda, "pointer_table", lambda arrays: (
+        _Table(arrays), gpu.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))))
+    for dtype in (np.float32, np.float64):
+        assert cuda.kernels_work(dtype)                   # the self-tests launch every kernel once
+    LAUNCHED.clear()
+    return gpu
+
+
 def test_the_cuda_layer_norm_reads_and_writes_token_major_rows_in_place(gpu, monkeypatch):
-    monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_row_kernel)
+    monkeypatch.setattr(cuda, "kernel", _emulated_row_kernel)
     rng = np.random.default_rng(0)
     host = rng.standard_normal((3, 5, 8)).astype(np.float32)                        # (B, S, C)
     token_major = lambda a: gpu.asarray(np.ascontiguousarray(a.transpose(1, 0, 2))).transpose(1, 0, 2)  # noqa: E731
     x, w, b = token_major(host), gpu.asarray(rng.random(8, dtype=np.float32)), gpu.asarray(rng.random(8, dtype=np.float32))
-    y, xhat, rstd = cuda_kernels.layer_norm_forward(x, w, b, 1e-5)
+    y, xhat, rstd = norm_cuda.layer_norm_forward(x, w, b, 1e-5)
     for a in (y, xhat, rstd):
         assert a.transpose(1, 0, *range(2, a.ndim)).flags.c_contiguous, "laid out like x (token-major)"
     mean, var = host.mean(-1, keepdims=True), host.var(-1, keepdims=True)
     ref_xhat = (host - mean) / np.sqrt(var + 1e-5)
     np.testing.assert_allclose(y.get(), ref_xhat * w.get() + b.get(), rtol=1e-5, atol=1e-5)
     g_host = rng.standard_normal(host.shape).astype(np.float32)
-    dx, dw, db = cuda_kernels.layer_norm_backward(token_major(g_host), xhat, rstd, w)
+    dx, dw, db = norm_cuda.layer_norm_backward(token_major(g_host), xhat, rstd, w)
     assert dx.transpose(1, 0, 2).flags.c_contiguous
     gw = g_host * w.get()
     ref_dx = (gw - gw.mean(-1, keepdims=True) - ref_xhat * (gw * ref_xhat).mean(-1, keepdims=True)) \
@@ -760,28 +834,93 @@ def test_the_cuda_layer_norm_reads_and_writes_token_major_rows_in_place(gpu, mon
     np.testing.assert_allclose(db.get(), g_host.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
 
 
-def test_every_row_kernel_launched_is_defined_in_the_source_for_both_dtypes():
-    """Without a GPU nothing compiles the CUDA source: at least every kernel the Python side
-    launches by name is defined there, with C linkage, and the source builds for each dtype."""
+def _launched_names(module):
+    """The kernel names ``module``'s Python code launches: raw kernels by name, elementwise ones
+    by the name they are compiled under."""
     import inspect
     import re
-    launched = set(re.findall(r'(?:_row_kernel|_launch)\(\s*"(\w+)"', inspect.getsource(cuda_kernels)))
-    assert {"adam_step", "scale_all", "layer_norm_param_partials", "sum_chunks"} <= launched
-    for dtype in (np.float32, np.float64):
-        source = cuda_kernels.row_source(dtype)
-        defined = set(re.findall(r'extern "C" __global__ void (\w+)\(', source))
-        assert launched <= defined, f"launched but not defined: {sorted(launched - defined)}"
-        assert source.count("{") == source.count("}") and source.count("(") == source.count(")")
+    code = inspect.getsource(module)
+    raw = re.findall(r'cuda\.(?:kernel|launch)\(\s*SOURCE,\s*"(\w+)"', code)
+    return set(raw), set(re.findall(r'"(tinymlp_\w+)"\)', code))
+
+
+KERNEL_MODULES = (activation_cuda, attention_cuda, gating_cuda, norm_cuda, optim_cuda)
+
+
+def test_every_raw_kernel_launched_is_defined_in_its_topics_source_for_both_dtypes():
+    """Without a GPU nothing compiles the CUDA source: at least every kernel the Python side
+    launches by name is defined in the source it is launched from, with C linkage, and each
+    source builds for each dtype."""
+    import re
+    for module in KERNEL_MODULES:
+        launched, _ = _launched_names(module)
+        if not hasattr(module, "SOURCE"):
+            assert not launched, module.__name__
+            continue
+        assert launched, f"{module.__name__} has a SOURCE but launches nothing from it"
+        for dtype in (np.float32, np.float64):
+            source = cuda.source(module.SOURCE, dtype)
+            defined = set(re.findall(r'extern "C" __global__ void (\w+)\(', source))
+            assert launched == defined, f"{module.__name__}: launched {sorted(launched)}, defined {sorted(defined)}"
+            assert source.count("{") == source.count("}") and source.count("(") == source.count(")")
+
+
+EVERY_KERNEL = set().union(*(set().union(*_launched_names(m)) for m in KERNEL_MODULES))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_training_steps_with_the_kernels_launch_every_kernel_and_follow_the_cpu(emulated, dtype):
+    """Each model's fast training step on the "GPU", with every kernel emulated: the loss and
+    every gradient are the CPU's, nothing is read back, and between them the steps (plus a
+    softmax and an inference forward) launch every kernel of the fast tier: each launch path of
+    the CUDA code runs here, with the layouts the models give it."""
+    rng = np.random.default_rng(0)
+    images = rng.random((4, 3, 32, 32)).astype(dtype)
+    labels = rng.integers(0, 10, size=4)
+    for name in SMALL:
+        kwargs = {**SMALL[name], "dropout": 0.0} if name == "mixer_cifar" else SMALL[name]
+        losses, grads = {}, {}
+        for device in ("cuda", "cpu"):
+            model = tinymlp.models.create(name, seed=0, **kwargs)
+            noise = np.random.default_rng(1)
+            for p in model.parameters():          # away from the initialisation (W = 0 in an SGU)
+                p.data[...] += 0.05 * noise.standard_normal(p.shape).astype(p.dtype)
+            model = model.to(device, dtype=dtype)
+            optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+            x, y = tinymlp.tensor(images, device=device, dtype=dtype), tinymlp.tensor(labels, device=device)
+            one_step(model, x, y, optimizer)                        # the first step builds the state
+            with no_host_reads() if device == "cuda" else contextlib.nullcontext():
+                losses[device] = one_step(model, x, y, optimizer)
+            grads[device] = [backend.to_device(p.grad, "cpu") for p in model.parameters()]
+        tol = 1e-4 if dtype == "float32" else 1e-9
+        np.testing.assert_allclose(losses["cuda"].data.get(), losses["cpu"].data, rtol=tol, err_msg=name)
+        scale = max(float(np.abs(b).max()) for b in grads["cpu"])     # (some are round-off: a key's bias)
+        for i, (a, b) in enumerate(zip(grads["cuda"], grads["cpu"])):
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale, err_msg=f"{name} grad {i}")
+    F = tinymlp.functional
+    x_host, g_host = rng.standard_normal((3, 5)).astype(dtype), rng.standard_normal((3, 5)).astype(dtype)
+    x = tinymlp.tensor(x_host, device="cuda", dtype=dtype, requires_grad=True)
+    launched = set(LAUNCHED)
+    LAUNCHED.clear()
+    F.softmax(x).backward(emulated.asarray(g_host))
+    assert LAUNCHED == {"softmax_backward"}, LAUNCHED               # CudaSoftmax's own launch
+    p = np.exp(x_host - x_host.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(x.grad.get(), p * (g_host - (g_host * p).sum(-1, keepdims=True)), rtol=1e-5, atol=1e-6)
+    with tinymlp.no_grad():                                        # y alone, no derivative
+        np.testing.assert_allclose(F.gelu(x).data.get(), F.gelu(tinymlp.tensor(x_host, dtype=dtype)).data, rtol=1e-5)
+    missing = EVERY_KERNEL - LAUNCHED - launched
+    assert not missing, f"kernels no step launched (their launch paths ran nowhere): {sorted(missing)}"
 
 
 def test_the_layer_norm_parameter_gradients_cover_every_row_in_chunks(gpu, monkeypatch):
     """Several chunks of rows, the last one partial: each row is counted once."""
-    monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_row_kernel)
-    monkeypatch.setattr(cuda_kernels, "_CHUNK_BLOCKS", 3)
+    monkeypatch.setattr(cuda, "kernel", _emulated_row_kernel)
+    monkeypatch.setattr(norm_cuda, "CHUNK_BLOCKS", 3)
     rng = np.random.default_rng(1)
     for rows in (1, 32, 33, 100, 257):
         g, xhat = rng.standard_normal((rows, 5)), rng.standard_normal((rows, 5))
-        dw, db = cuda_kernels.layer_norm_param_grads(gpu.asarray(g), gpu.asarray(xhat))
+        dw, db = norm_cuda.layer_norm_param_grads(gpu.asarray(g), gpu.asarray(xhat))
         np.testing.assert_allclose(dw.get(), (g * xhat).sum(axis=0), rtol=1e-12)
         np.testing.assert_allclose(db.get(), g.sum(axis=0), rtol=1e-12)
 
@@ -790,9 +929,14 @@ class _Table(list):
     """The stand-in's pointer table: the arrays themselves, in order (no device addresses)."""
 
 
-def _emulated_multi_tensor(name, dtype):
-    """The multi-tensor kernels of ``cuda_kernels`` in NumPy, in the kernels' operation order,
-    over a ``_Table`` of arrays and their flat offsets."""
+def _emulated_multi_tensor(source, name, dtype):
+    """The multi-tensor kernels of ``optim_cuda`` in NumPy, in the kernels' operation order,
+    over a ``_Table`` of arrays and their flat offsets (other names: ``_emulated_row_kernel``)."""
+    if name not in ("adam_step", "sum_squares_partials", "clip_factor", "scale_all"):
+        return _emulated_row_kernel(source, name, dtype)
+    assert f'extern "C" __global__ void {name}(' in source
+    LAUNCHED.add(name)
+
     def run(grid, block, args):
         if name == "adam_step":
             g, m, v, table, starts, count, b1, omb1, b2, omb2, eps_c, step_size, decay = args
@@ -817,17 +961,15 @@ def _emulated_multi_tensor(name, dtype):
             table, starts, count, scale = args
             for p in table:
                 p._a *= scale._a.reshape(-1)[0]
-        else:
-            return _emulated_row_kernel(name, dtype)(grid, block, args)
     return run
 
 
 @pytest.fixture
 def multi_tensor(gpu, monkeypatch):
     """The multi-tensor kernels "working" on the stand-in (float32), emulated in NumPy."""
-    monkeypatch.setattr(cuda_kernels, "_row_kernel", _emulated_multi_tensor)
-    monkeypatch.setitem(cuda_kernels._kernel_state, np.dtype(np.float32), True)
-    monkeypatch.setattr(cuda_kernels, "pointer_table", lambda arrays: (
+    monkeypatch.setattr(cuda, "kernel", _emulated_multi_tensor)
+    monkeypatch.setitem(cuda._kernel_state, np.dtype(np.float32), True)
+    monkeypatch.setattr(optim_cuda, "pointer_table", lambda arrays: (
         _Table(arrays), gpu.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))))
     return gpu
 
@@ -836,8 +978,8 @@ def test_adamw_on_the_gpu_is_one_kernel_and_follows_the_cpu(multi_tensor, monkey
     """The fused step updates every parameter from its own slice of the flat buffers, with the
     scalars of the array code: the same parameters as the CPU after three steps."""
     launched = []
-    kernel = cuda_kernels.adam_step
-    monkeypatch.setattr(cuda_kernels, "adam_step", lambda *a, **k: launched.append(1) or kernel(*a, **k))
+    kernel = optim_cuda.adam_step
+    monkeypatch.setattr(optim_cuda, "adam_step", lambda *a, **k: launched.append(1) or kernel(*a, **k))
     rng = np.random.default_rng(0)
     shapes = [(3, 4), (1,), (5,), (2, 2, 2)]
     values = [rng.standard_normal(s).astype(np.float32) for s in shapes]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import tinymlp
 import tinymlp.functional as F
-from tinymlp import Tensor, fast
+from tinymlp import Tensor, dispatch, fast
 from tinymlp.backend import to_device
 from tinymlp.models import AMLP, GMLP, MLPMixer, create
 from tinymlp.ops.activation import GELU
@@ -238,9 +238,32 @@ def test_getitem_gradient_is_laid_out_like_its_input():
 
 def test_every_registered_implementation_is_covered_here():
     tested = {Linear, GELU, LayerNorm, Softmax, Attention, SelfAttention, SpatialGating, Toeplitz1d, Toeplitz2d,
-              Patchify, GetItem}
+              Patchify, GetItem,
+              dispatch.OPTIMIZER_STEP,    # test_flat_optimizer_equals_the_readable_one_...
+              dispatch.CLIP_GRAD_NORM}    # CUDA only: test_cuda.py, test_cuda_without_gpu.py
     registered = {ref for (ref, _device) in fast.implementations()}
     assert registered <= tested, f"fast implementations without a contract test: {registered - tested}"
+
+
+def test_the_table_is_what_the_engine_and_the_optimizers_look_up():
+    """One dispatch mechanism: every row of ``fast.TABLE`` is registered for its devices, each
+    class subclasses its reference, and nothing else is registered."""
+    expected = {}
+    for reference, numpy_impl, numba_impl, cuda_impl in fast.TABLE:
+        cpu = numba_impl if numba_impl is not None and fast.compiled.available() else numpy_impl
+        for device, impl in (("cpu", cpu), ("cuda", cuda_impl)):
+            if impl is not None:
+                expected[(reference, device)] = impl
+                if isinstance(reference, type):
+                    assert issubclass(impl, reference) and impl.reference is reference
+    assert dispatch.registered() == expected
+    x = Tensor(np.ones((2, 3)), requires_grad=True, dtype="float64")
+    with fast.enabled():
+        assert F.layer_norm(x, None, None)._ctx.fn is expected[(LayerNorm, "cpu")]
+        assert dispatch.lookup(dispatch.OPTIMIZER_STEP, "cpu") == expected[(dispatch.OPTIMIZER_STEP, "cpu")]
+    with fast.disabled():
+        assert F.layer_norm(x, None, None)._ctx.fn is LayerNorm
+        assert dispatch.lookup(dispatch.OPTIMIZER_STEP, "cpu") is None
 
 
 # --------------------------------------------------------------------------- whole training steps
@@ -406,11 +429,16 @@ def numba_off():
         compiled.set_enabled(before)
 
 
-def test_without_numba_the_numpy_fast_path_runs_and_matches_the_reference(numba_off):
+def test_without_numba_the_numpy_fast_path_runs_and_matches_the_reference(numba_off, monkeypatch):
     from tinymlp.fast.activation import FastGELU
     from tinymlp.fast.norm import FastLayerNorm
 
-    assert fast.implementation(GELU) is FastGELU and fast.implementation(LayerNorm) is FastLayerNorm
+    assert issubclass(fast.implementation(GELU), FastGELU) and issubclass(fast.implementation(LayerNorm), FastLayerNorm)
+
+    def no_kernel(pair, size):
+        raise AssertionError("a numba kernel ran while the compiled kernels are switched off")
+
+    monkeypatch.setattr(fast.compiled, "kernel", no_kernel)
     for test in (test_gelu, test_layer_norm, test_spatial_gating):   # the hypothesis tests, on the NumPy path
         test()
     test_gelu_in_chunks_keeps_the_layout()
@@ -422,7 +450,8 @@ def test_without_numba_the_numpy_fast_path_runs_and_matches_the_reference(numba_
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_compiled_kernels_on_large_arrays_match_the_reference(dtype, layout):
     """Above PARALLEL_MIN elements the parallel kernels run; float32 arrays take the float32 kernels."""
-    from tinymlp.fast.compiled import CompiledGELU, CompiledLayerNorm
+    from tinymlp.fast.activation import CompiledGELU
+    from tinymlp.fast.norm import CompiledLayerNorm
 
     assert compiled.is_enabled() and fast.implementation(GELU) is CompiledGELU
     rng = np.random.default_rng(0)
@@ -463,7 +492,7 @@ def test_compiled_sgu_layer_norm_on_large_arrays_matches_the_reference(dtype):
 def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype, residual_layout, monkeypatch):
     """The split gate's kernels (F, z1 * F; G * F, G * z1, the bias's sums; N) on the layouts the
     models give them: z token-major, aMLP's residual in C order (the attention's output) or not."""
-    from tinymlp.fast import gating
+    from tinymlp.fast.gating import CompiledSpatialGating
 
     rng = np.random.default_rng(2)
     B, S, e = 48, 64, 96
@@ -472,24 +501,17 @@ def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype,
               rng.standard_normal(e).astype(dtype), rng.standard_normal(e).astype(dtype)]
     arrays.append(None if residual_layout is None else laid_out(rng, (B, S, e), residual_layout).astype(dtype))
     ran = []
-    kernels = gating.KERNELS
 
-    class Counting:
-        @staticmethod
-        def forward(*a):
-            out = kernels.forward(*a)
+    def counting(kernel):
+        def run(*a):
+            out = kernel(*a)
             ran.append(out is not None)
             return out
+        return staticmethod(run)
 
-        @staticmethod
-        def backward(*a):
-            out = kernels.backward(*a)
-            ran.append(out is not None)
-            return out
-
-        affine = staticmethod(kernels.affine)
-
-    monkeypatch.setattr(gating, "KERNELS", Counting)
+    assert fast.implementation(SpatialGating) is CompiledSpatialGating
+    for hook in ("split_gate", "split_gate_backward"):
+        monkeypatch.setattr(CompiledSpatialGating, hook, counting(getattr(CompiledSpatialGating, hook)))
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-3, atol=2e-5)
     gate = lambda z, w, b, g, be, r: F.spatial_gating(z, w, b, g, be, eps=1e-5, gate_residual=r)  # noqa: E731
     assert_same(run_both(gate, arrays, expect=SpatialGating), **tol)
@@ -548,3 +570,38 @@ def test_fast_ops_on_the_gpu_match_the_reference(layout):
     wl = to_device(rng.standard_normal((6, 5)), "cuda")
     assert_same(run_both(lambda x, w: F.linear(x, w), [x, wl], device="cuda", expect=Linear), rtol=1e-9)
     assert_same(run_both(lambda x: F.softmax(x), [x], device="cuda", expect=Softmax), rtol=1e-9)
+
+
+# --------------------------------------------------------------------------- the tiers' boundary
+def test_the_reference_tier_imports_nothing_from_the_fast_tier_and_no_module_writes_into_another():
+    """The reference (ops/, nn/, optim, the engine, tensor) reaches the fast tier only through the
+    dispatch table; and no module of the library assigns another module's globals."""
+    import ast
+    from pathlib import Path
+
+    root = Path(tinymlp.__file__).parent
+    reference = [p for p in root.rglob("*.py") if p.parts[len(root.parts)] in (
+        "ops", "nn", "optim.py", "autograd.py", "tensor.py", "guard.py", "graph.py", "contract.py", "dispatch.py")]
+    assert len(reference) > 15
+    for path in reference:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+                assert not any(n.split(".")[0] == "fast" or ".fast" in f".{n}" for n in names), (path, ast.dump(node))
+    import importlib
+    import types
+    for path in root.rglob("*.py"):
+        if path.name == "__main__.py":        # (importing one runs it)
+            continue
+        name = ".".join(("tinymlp",) + path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        module = importlib.import_module(name)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in imported \
+                        and isinstance(getattr(module, t.value.id, None), types.ModuleType):
+                    raise AssertionError(f"{path}:{node.lineno} assigns {t.value.id}.{t.attr}, another module's global")

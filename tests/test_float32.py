@@ -15,6 +15,7 @@ The tests that plant a float64 constant show that the watch catches what the res
 would not.
 """
 
+import functools
 import math
 import sys
 
@@ -133,26 +134,28 @@ def _install_watch(monkeypatch):
             yield sub
             yield from subclasses(sub)
 
+    def rewrap(raw, checked):
+        """The checking wrapper as the same kind of method as ``raw`` (the fast tier's classes
+        that look their kernels up through ``cls`` have classmethods)."""
+        if isinstance(raw, classmethod):
+            return classmethod(lambda cls, *a, **k: checked(functools.partial(raw.__func__, cls), *a, **k))
+        return staticmethod(functools.partial(checked, raw.__func__))
+
+    def checked_forward(_forward, ctx, *args, _name="", **kwargs):
+        out = _forward(ctx, *args, **kwargs)
+        check(f"{_name}.forward output", [out])
+        check(f"{_name}.forward saved", ctx.saved_tensors)
+        return out
+
+    def checked_backward(_backward, ctx, grad, _name=""):
+        grads = _backward(ctx, grad)
+        check(f"{_name}.backward gradient", grads if isinstance(grads, tuple) else (grads,))
+        return grads
+
     for fn in set(subclasses(Function)):
-        if "forward" in vars(fn):
-            forward = vars(fn)["forward"].__func__
-
-            def checked_forward(ctx, *args, _forward=forward, _name=fn.__name__, **kwargs):
-                out = _forward(ctx, *args, **kwargs)
-                check(f"{_name}.forward output", [out])
-                check(f"{_name}.forward saved", ctx.saved_tensors)
-                return out
-
-            monkeypatch.setattr(fn, "forward", staticmethod(checked_forward))
-        if "backward" in vars(fn):
-            backward = vars(fn)["backward"].__func__
-
-            def checked_backward(ctx, grad, _backward=backward, _name=fn.__name__):
-                grads = _backward(ctx, grad)
-                check(f"{_name}.backward gradient", grads if isinstance(grads, tuple) else (grads,))
-                return grads
-
-            monkeypatch.setattr(fn, "backward", staticmethod(checked_backward))
+        for name, checked in (("forward", checked_forward), ("backward", checked_backward)):
+            if name in vars(fn):
+                monkeypatch.setattr(fn, name, rewrap(vars(fn)[name], functools.partial(checked, _name=fn.__name__)))
     return log
 
 
@@ -172,7 +175,7 @@ def _train_two_steps(model, log):
         loss.backward()
         opt.step()
         if step == 0:
-            for flat in opt._flat or ():      # the fast tier's flat buffers
+            for flat in opt.flat_state or ():      # the fast tier's flat buffers
                 _watch_all_arrays(flat)
             for group in opt.state:           # the per-parameter state (views of those buffers)
                 for state in group:
@@ -188,7 +191,7 @@ def _assert_float32_state(model, opt):
         assert p.data.dtype == np.float32, name
         assert p.grad.dtype == np.float32, name
     arrays = [a for group in opt.state for s in group if s for k, a in s.items() if k != "step"]
-    for flat in opt._flat or ():               # the fast tier's buffers
+    for flat in opt.flat_state or ():               # the fast tier's buffers
         arrays += [flat.grad, flat.work, *flat.bufs.values()]
     assert arrays and all(a.dtype == np.float32 for a in arrays)
 

@@ -230,7 +230,7 @@ def test_float32_stays_float32_and_steps_allocate_nothing(cls, tier):
     nbytes = sum(p.data.nbytes for p in ps)
     if tier == "fast":
         assert peak < nbytes / 20, f"an optimizer step allocated {peak} bytes (parameters: {nbytes})"
-        fs = opt._flat[0]
+        fs = opt.flat_state[0]
         assert all(b.dtype == np.float32 for b in [fs.grad, fs.work, *fs.bufs.values()])
     assert all(p.data.dtype == np.float32 for p in ps)
     assert all(a.dtype == np.float32 for s in opt.state[0] for k, a in s.items() if k != "step")

@@ -69,7 +69,7 @@ def doctor() -> int:
     status = 0 if cpu == "ok" else 1
 
     count, finding, advice = backend.cuda_status()
-    cupy = backend._cupy
+    cupy = backend.cupy_module()
     print(f"cupy    {cupy.__version__}" if cupy is not None else f"cupy    {finding}")
     if count == 0:
         if cupy is not None:
@@ -86,8 +86,8 @@ def doctor() -> int:
         print(f"        {backend.INSTALL_CUPY}")
         print(f"{cpu_verdict}; CUDA: NOT READY: {not_ready}")
         return status
-    from .fast import cuda_kernels
-    fallback = cuda_kernels.kernel_failure(np.float32)
+    from .fast import cuda
+    fallback = cuda.kernel_failure(np.float32)
     if fallback is not None:
         print(f"        the fast tier's CUDA kernels do not compile ({fallback}): its array code runs instead (slower)")
     for index in range(count):

@@ -95,6 +95,11 @@ def _import_cupy():
     return _cupy
 
 
+def cupy_module():
+    """CuPy, imported on first use, or None where it does not import (``cuda_status`` says why)."""
+    return _import_cupy()
+
+
 def _nvidia_driver_present() -> bool:
     """Whether the NVIDIA driver (its kernel module or its user-space library libcuda) is here."""
     import ctypes  # noqa: PLC0415 - only when diagnosing

@@ -21,6 +21,9 @@ Parameters whose ``.grad`` is None are skipped (their state does not advance).
 Fast tier: ``tinymlp/fast/optim.py`` runs the same updates over ONE flat buffer per group (a
 handful of in-place passes over all parameters at once, in cache-sized pieces); the state
 arrays here then become views of its buffers, so both tiers read and write the same state.
+This module does not import it: ``step()`` and ``clip_grad_norm`` look their fast versions up
+in the dispatch table (``dispatch.OPTIMIZER_STEP``, ``dispatch.CLIP_GRAD_NORM``; see
+tinymlp/dispatch.py), which the fast tier fills when it is imported.
 """
 
 from __future__ import annotations
@@ -29,9 +32,8 @@ import math
 
 import numpy as np
 
-from . import fast
+from . import dispatch
 from .backend import array_module, device_of, to_device
-from .fast import optim as fast_optim
 from .guard import mark_written
 from .nn.module import value_problem
 from .tensor import Tensor
@@ -121,7 +123,8 @@ class Optimizer:
     A subclass defines ``state_names(group)`` (the arrays it keeps per parameter, created as
     zeros) and ``update(p, g, state, group)``, which changes the parameter array ``p`` in place
     from its gradient ``g`` and its ``state`` (a dict with ``"step"``, already counting this
-    step, and the named arrays). ``fast_kind`` names its flat-buffer version in the fast tier.
+    step, and the named arrays). ``fast_kind`` names its flat-buffer version in the fast tier
+    (None: the fast tier leaves the optimizer alone).
     """
 
     fast_kind = None
@@ -150,7 +153,7 @@ class Optimizer:
             self._check_hyper(group)
             self.param_groups.append(group)
         self.state = [[None] * len(g["params"]) for g in self.param_groups]   # state[group][i]
-        self._flat = None    # the fast tier's buffers (tinymlp/fast/optim.py)
+        self.flat_state = None    # the fast tier's flat buffers (None: rebuilt at its next step)
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_hyper(self, group):
@@ -206,8 +209,11 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is not None:
                     mark_written(p)   # a graph that saved p can no longer run backward
-        if self.fast_kind and fast.is_enabled():
-            return fast_optim.step(self)
+        if self.fast_kind:   # the same update over flat buffers, where the fast tier registered it
+            device = device_of(self.param_groups[0]["params"][0].data)
+            fast_step = dispatch.lookup(dispatch.OPTIMIZER_STEP, device)
+            if fast_step is not None:
+                return fast_step(self)
         for gi, group in enumerate(self.param_groups):
             for i, p in enumerate(group["params"]):
                 if p.grad is None:
@@ -229,7 +235,7 @@ class Optimizer:
                 state[name] = array_module(p.data).zeros_like(p.data)
             elif device_of(state[name]) != device_of(p.data) or state[name].dtype != p.data.dtype:
                 state[name] = to_device(state[name], device_of(p.data)).astype(p.data.dtype)
-                self._flat = None
+                self.flat_state = None
         return state
 
     def state_names(self, group):
@@ -341,7 +347,7 @@ class Optimizer:
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) else v
         self.state = [[None] * len(g["params"]) for g in self.param_groups]
-        self._flat = None
+        self.flat_state = None
         for key, entry in state_dict["state"].items():
             gi, i = where[int(key)]
             p = self.param_groups[gi]["params"][i]
@@ -564,8 +570,9 @@ def clip_grad_norm(params, max_norm, sync=True):
     xp = array_module(grads[0]) if grads else np
     if not grads:
         return 0.0 if sync else xp.zeros(())
-    if fast.is_enabled():   # on a GPU: a few launches for all the gradients together
-        done = fast_optim.clip_grad_norm(grads, max_norm, sync)
+    fast_clip = dispatch.lookup(dispatch.CLIP_GRAD_NORM, device_of(grads[0]))
+    if fast_clip is not None:   # on a GPU: a few launches for all the gradients together
+        done = fast_clip(grads, max_norm, sync)
         if done is not None:
             return done
     squares = [xp.vdot(g.reshape(-1), g.reshape(-1)) for g in grads]  # a BLAS dot each, no temporaries

@@ -4,14 +4,22 @@
 to be read. This package holds the same ops written to be fast: fused passes over memory in
 cache-sized chunks, outputs written into buffers they already own, saved arrays freed on the
 last backward, one matrix product whatever the memory layout of the input, flat optimizer
-state, CuPy kernels on CUDA, and numba kernels on the CPU where numba is installed
-(``compiled.py``; ``TINYMLP_NUMBA=0`` leaves them out). Each implementation is a subclass of its reference Function
-with the same forward/backward contract, registered with ``register`` for a device, and
-``tests/test_fast_contract.py`` checks it against the reference (forward value and every
-gradient, over hypothesis shapes and memory layouts).
+state, numba kernels on the CPU where numba is installed (``compiled.py``; ``TINYMLP_NUMBA=0``
+leaves them out) and CuPy kernels on CUDA (``cuda.py``).
 
-``Function.apply`` (tinymlp/autograd.py) looks the registered implementation up in the dispatch
-table (tinymlp/dispatch.py); that is the engine's one hook. Switching::
+It is organised by op: ``fast/<topic>.py`` holds a topic's implementations for every back end
+(``FastLayerNorm`` for NumPy, ``CompiledLayerNorm`` for numba, ``CudaLayerNorm`` for CUDA, each
+a subclass of the reference Function with the same forward/backward contract) and
+``fast/kernels/<topic>_numba.py``, ``<topic>_cuda.py`` the kernels they call.
+``tests/test_fast_contract.py`` checks each against the reference (forward value and every
+gradient, over hypothesis shapes and memory layouts). Where the back ends differ in a step or
+two, the NumPy class names those steps as methods (``FastLayerNorm.normalize``,
+``FastSpatialGating.split_gate``, ...), its forward and backward are classmethods that call them
+through ``cls``, and the numba and CUDA subclasses override just those steps.
+
+Dispatch happens in one place: the table below says which class runs each reference op on
+each device, and importing this package registers it in ``tinymlp.dispatch``, where
+``Function.apply`` (tinymlp/autograd.py) and the optimizers look it up. Switching::
 
     TINYMLP_FAST=0 python train.py          # the whole run on the reference tier
     with tinymlp.fast.disabled():           # a block of code on the reference tier
@@ -35,12 +43,56 @@ from __future__ import annotations
 import contextlib
 
 from .. import dispatch
+from ..ops.activation import GELU
+from ..ops.attention import Attention, SelfAttention, Softmax
+from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
+from ..ops.linear import Linear
+from ..ops.norm import LayerNorm
+from ..ops.shape import GetItem, Patchify
+from . import compiled, memory  # noqa: F401  (memory: malloc keeps freed memory, set at import)
+from .activation import CompiledGELU, CudaGELU, FastGELU
+from .attention import CudaAttention, CudaSelfAttention, CudaSoftmax, FastAttention, FastSelfAttention, FastSoftmax
+from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating, FastToeplitz1d, FastToeplitz2d
+from .linear import FastLinear
+from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm
+from .optim import CompiledFlatStep, CudaFlatStep, FlatStep, clip_grad_norm
+from .shape import FastGetItem, FastPatchify
 
-__all__ = ["disabled", "enabled", "implementation", "implementations", "is_enabled", "register", "set_enabled"]
+__all__ = ["TABLE", "disabled", "enabled", "implementation", "implementations", "is_enabled", "register",
+           "set_enabled"]
+
+TABLE = [
+    # reference                 NumPy (CPU)          numba (CPU)             CUDA
+    (Linear,                    FastLinear,          None,                   FastLinear),
+    (Patchify,                  FastPatchify,        None,                   FastPatchify),
+    (GetItem,                   FastGetItem,         None,                   FastGetItem),
+    (GELU,                      FastGELU,            CompiledGELU,           CudaGELU),
+    (LayerNorm,                 FastLayerNorm,       CompiledLayerNorm,      CudaLayerNorm),
+    (Softmax,                   FastSoftmax,         None,                   CudaSoftmax),
+    (Attention,                 FastAttention,       None,                   CudaAttention),
+    (SelfAttention,             FastSelfAttention,   None,                   CudaSelfAttention),
+    (SpatialGating,             FastSpatialGating,   CompiledSpatialGating,  CudaSpatialGating),
+    (Toeplitz1d,                FastToeplitz1d,      None,                   None),
+    (Toeplitz2d,                FastToeplitz2d,      None,                   None),
+    (dispatch.OPTIMIZER_STEP,   FlatStep.step,       CompiledFlatStep.step,  CudaFlatStep.step),
+    (dispatch.CLIP_GRAD_NORM,   None,                None,                   clip_grad_norm),
+]
+"""What runs instead of each reference, per back end (None: the reference itself). The numba
+column replaces the NumPy one on the CPU where numba is installed; a numba class runs its NumPy
+parent's code where its kernels do not apply, and while ``compiled.set_enabled(False)``."""
+
+
+def _fill():
+    for reference, numpy_impl, numba_impl, cuda_impl in TABLE:
+        cpu = numba_impl if numba_impl is not None and compiled.available() else numpy_impl
+        for device, impl in (("cpu", cpu), ("cuda", cuda_impl)):
+            if impl is not None:
+                dispatch.register(reference, device, impl)
 
 
 def register(reference, devices=("cpu", "cuda")):
-    """Class decorator: make ``impl`` the fast implementation of ``reference`` on ``devices``."""
+    """Class decorator: make ``impl`` the fast implementation of the Function ``reference`` on
+    ``devices`` (it must subclass ``reference``)."""
     if isinstance(devices, str):
         devices = (devices,)
 
@@ -55,7 +107,7 @@ def register(reference, devices=("cpu", "cuda")):
 
 
 def implementations():
-    """``{(reference Function, device): fast implementation}``: what the fast tier replaces."""
+    """``{(reference, device): fast implementation}``: what the fast tier replaces."""
     return dispatch.registered()
 
 
@@ -95,5 +147,4 @@ def enabled():
     return _switched(True)
 
 
-from . import activation, attention, gating, linear, norm, optim, shape  # noqa: E402,F401  (they register)
-from . import compiled, memory  # noqa: E402,F401  (numba kernels where installed; malloc keeps memory)
+_fill()

@@ -6,8 +6,15 @@ already owns (``out=``), the cube is ``x*x*x`` (NumPy's ``x**3`` is ~150x slower
 CPU the input is processed in chunks of 64K elements so that the temporaries stay in cache.
 Forward already holds t (or Phi), so it computes dy/dx on the spot and saves it: backward is one
 multiply, into the saved derivative on the last backward. Under ``no_grad`` the derivative is
-not computed. The output keeps the input's memory order. On CUDA the tanh form is one fused
-kernel (``cuda_kernels.gelu_tanh_forward``).
+not computed. The output keeps the input's memory order.
+
+Three implementations, one per back end; the numba and CUDA ones run ``FastGELU``'s code where
+their kernel does not apply (the erf form, another dtype, the kernels switched off):
+
+- ``FastGELU``: the chunked NumPy code above (and the same array code on CuPy);
+- ``CompiledGELU`` (CPU, numba installed): the tanh form as one compiled pass writing y and
+  dy/dx (``kernels/activation_numba.py``);
+- ``CudaGELU`` (CUDA): the tanh form as one elementwise kernel (``kernels/activation_cuda.py``).
 """
 
 from __future__ import annotations
@@ -19,17 +26,17 @@ import numpy as np
 from ..backend import array_module
 from ..ops.activation import C0, C1, GELU
 from ..ops.special import erfc
-from . import cuda_kernels, register
+from . import compiled, cuda
+from .kernels import activation_cuda, activation_numba
 from .layout import memory_order
 
-__all__ = ["FastGELU", "CudaGELU", "gelu_tanh_into"]
+__all__ = ["CompiledGELU", "CudaGELU", "FastGELU", "gelu_tanh_into"]
 
 CHUNK = 1 << 16   # elements per chunk on the CPU (256 KiB of float32): temporaries stay in cache
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@register(GELU, "cpu")
 class FastGELU(GELU):
     """``GELU`` in chunks, with its derivative saved (see the module docstring)."""
 
@@ -48,15 +55,38 @@ class FastGELU(GELU):
         return array_module(grad).multiply(grad, dydx, out=dydx)   # dy/dx's last use: its memory is free
 
 
-@register(GELU, "cuda")
+class CompiledGELU(FastGELU):
+    """GELU (tanh form) as one compiled pass writing y and dy/dx; the erf form is FastGELU's."""
+
+    @staticmethod
+    def forward(ctx, x, approximate=True):
+        if not (approximate and compiled.applies(x) and x.size):
+            return FastGELU.forward(ctx, x, approximate)
+        try:
+            y, dydx = activation_numba.gelu_tanh(x, want_derivative=ctx.needs_input_grad[0])
+        except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
+            compiled.fail(exc)
+            return FastGELU.forward(ctx, x, approximate)
+        ctx.save_for_backward(dydx)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (dydx,) = ctx.pop_saved()
+        dx = activation_numba.gelu_backward(grad, dydx, overwrite=not ctx.retain_graph)
+        if dx is not None:
+            return dx
+        return grad * dydx if ctx.retain_graph else np.multiply(grad, dydx, out=dydx)
+
+
 class CudaGELU(FastGELU):
     """``GELU`` on CUDA: the tanh form as one kernel writing y and dy/dx."""
 
     @staticmethod
     def forward(ctx, x, approximate=True):
         want = ctx.needs_input_grad[0]
-        if approximate and cuda_kernels.applies(x):
-            y, dydx = cuda_kernels.gelu_tanh_forward(x, want_derivative=want)
+        if approximate and cuda.applies(x):
+            y, dydx = activation_cuda.gelu_tanh_forward(x, want_derivative=want)
         else:
             y, dydx = _elementwise(gelu_tanh_into if approximate else _gelu_erf_into, x, want)
         ctx.save_for_backward(dydx)

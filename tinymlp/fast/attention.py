@@ -1,8 +1,12 @@
-"""Softmax and attention, fast: in-place steps, and the softmax backward as one kernel per row
-on CUDA (``cuda_kernels.softmax_backward``).
+"""Softmax and attention, fast: in-place steps; on CUDA the softmax backward as one kernel per row.
 
 Attention also skips the "any fully masked row?" bookkeeping on the CPU when the answer is no
 (reading that answer back would stall a GPU, so there the row mask is always applied).
+
+The fast classes (``FastSoftmax``, ``FastAttention``, ``FastSelfAttention``) are array code for
+NumPy and CuPy alike; their CUDA subclasses differ in one step only, the softmax backward along
+the rows, dL/dS = P * (G - rowsum(G * P)) (``softmax_rows_backward``), which they run as one
+kernel per row (``kernels/attention_cuda.py``).
 """
 
 from __future__ import annotations
@@ -13,16 +17,16 @@ import numpy as np
 
 from ..autograd import unbroadcast
 from ..backend import array_module
-from ..ops.attention import Attention, SelfAttention, Softmax, _check_packed, _check_shapes
-from . import cuda_kernels, register
+from ..ops.attention import Attention, SelfAttention, Softmax, check_packed, check_shapes
+from . import cuda
+from .kernels import attention_cuda
 from .layout import inverse, memory_order
 
-__all__ = ["FastAttention", "FastSelfAttention", "FastSoftmax"]
+__all__ = ["CudaAttention", "CudaSelfAttention", "CudaSoftmax", "FastAttention", "FastSelfAttention", "FastSoftmax"]
 
 
-@register(Softmax)
 class FastSoftmax(Softmax):
-    """``Softmax`` in place; its backward one kernel per row on CUDA."""
+    """``Softmax`` in place."""
 
     @staticmethod
     def forward(ctx, x, axis=-1):
@@ -37,21 +41,36 @@ class FastSoftmax(Softmax):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        if ctx.axis in (-1, p.ndim - 1) and cuda_kernels.applies(p, grad):
-            return cuda_kernels.softmax_backward(p, grad)
         dx = grad - (grad * p).sum(axis=ctx.axis, keepdims=True)
         dx *= p
         return dx
 
 
-@register(Attention)
+class CudaSoftmax(FastSoftmax):
+    """``Softmax`` on CUDA: its backward along the last axis one kernel per row."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        if ctx.axis in (-1, p.ndim - 1) and cuda.applies(p, grad):
+            return attention_cuda.softmax_backward(p, grad)
+        return FastSoftmax.backward(ctx, grad)
+
+
 class FastAttention(Attention):
     """``Attention`` with in-place steps (see the module docstring)."""
 
     @staticmethod
+    def softmax_rows_backward(p, ds):
+        """dL/dS = P * (dL/dP - rowsum(dL/dP * P)), written into ``ds`` (dL/dP)."""
+        ds -= array_module(ds).einsum("...nm,...nm->...n", ds, p)[..., None]
+        ds *= p
+        return ds
+
+    @staticmethod
     def forward(ctx, q, k, v, mask=None, causal=False):
         xp = array_module(q)
-        _check_shapes(q, k, v, mask)
+        check_shapes(q, k, v, mask)
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
         scale = 1.0 / math.sqrt(d)
         s = q @ k.swapaxes(-1, -2)
@@ -73,12 +92,13 @@ class FastAttention(Attention):
         ctx.empty_rows = empty_rows
         return p @ v
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _attention_backward(ctx, grad, *ctx.needs_input_grad[:3])
+    @classmethod
+    def backward(cls, ctx, grad):
+        return _attention_backward(ctx, grad, *ctx.needs_input_grad[:3],
+                                   softmax_rows_backward=cls.softmax_rows_backward)
 
 
-def _attention_backward(ctx, grad, need_q, need_k, need_v, out=None):
+def _attention_backward(ctx, grad, need_q, need_k, need_v, softmax_rows_backward, out=None):
     """(dq, dk, dv); with ``out`` (three arrays of q's, k's and v's shapes) the products are
     written there (the packed op's thirds of one gradient)."""
     q, k, v, p = ctx.saved_tensors
@@ -92,11 +112,7 @@ def _attention_backward(ctx, grad, need_q, need_k, need_v, out=None):
     dq = dk = None
     if need_q or need_k:
         ds = grad @ v.swapaxes(-1, -2)   # dL/dP
-        if ds.shape == p.shape and cuda_kernels.applies(p, ds):
-            ds = cuda_kernels.softmax_backward(p, ds, out=ds)
-        else:
-            ds -= xp.einsum("...nm,...nm->...n", ds, p)[..., None]
-            ds *= p                      # dL/dS
+        ds = softmax_rows_backward(p, ds)   # dL/dS
         if ctx.empty_rows is not None:
             ds = xp.where(ctx.empty_rows, 0, ds)
         ds *= scale
@@ -105,22 +121,40 @@ def _attention_backward(ctx, grad, need_q, need_k, need_v, out=None):
     return dq, dk, dv
 
 
-@register(SelfAttention)
+class CudaAttention(FastAttention):
+    """``Attention`` on CUDA: the softmax backward one kernel per row."""
+
+    @staticmethod
+    def softmax_rows_backward(p, ds):
+        if ds.shape == p.shape and cuda.applies(p, ds):
+            return attention_cuda.softmax_backward(p, ds, out=ds)
+        return FastAttention.softmax_rows_backward(p, ds)
+
+
 class FastSelfAttention(SelfAttention):
     """``SelfAttention`` through ``FastAttention`` on views of qkv; dL/dqkv is written into one
     array laid out like qkv (token-major qkv: the projection's backward reads it without a copy)."""
 
-    @staticmethod
-    def forward(ctx, qkv, mask=None, causal=False):
-        _check_packed(qkv)
+    attention = FastAttention       # the attention over views of qkv, of the same back end
+
+    @classmethod
+    def forward(cls, ctx, qkv, mask=None, causal=False):
+        check_packed(qkv)
         d = qkv.shape[-1] // 3
         ctx.order = memory_order(qkv)
-        return FastAttention.forward(ctx, qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], mask=mask, causal=causal)
+        return cls.attention.forward(ctx, qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], mask=mask, causal=causal)
 
-    @staticmethod
-    def backward(ctx, grad):
+    @classmethod
+    def backward(cls, ctx, grad):
         shape, order = ctx.input_shapes[0], ctx.order
         d = shape[-1] // 3
         out = array_module(grad).empty(tuple(shape[i] for i in order), dtype=grad.dtype).transpose(inverse(order))
-        _attention_backward(ctx, grad, True, True, True, out=(out[..., :d], out[..., d:2 * d], out[..., 2 * d:]))
+        _attention_backward(ctx, grad, True, True, True, softmax_rows_backward=cls.attention.softmax_rows_backward,
+                            out=(out[..., :d], out[..., d:2 * d], out[..., 2 * d:]))
         return out
+
+
+class CudaSelfAttention(FastSelfAttention):
+    """``SelfAttention`` on CUDA: through ``CudaAttention``."""
+
+    attention = CudaAttention

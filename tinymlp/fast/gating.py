@@ -19,8 +19,13 @@ G_F takes the memory of F, and the LayerNorm backward that of x_hat.
 Toeplitz weights: their backward is ``bincount`` with weights on the CPU (one pass, float64
 sums), ``add.at`` on CUDA (no host synchronisation).
 
-On CUDA the LayerNorm is one kernel per row, and for the split variant F and z1 * F (forward)
-and G * F, G * z1 (backward) are one fused pass each (``cuda_kernels``).
+Three implementations, one per back end. ``FastSpatialGating`` is the NumPy code (and the same
+array code on CuPy); ``CompiledSpatialGating`` (CPU, numba installed) and ``CudaSpatialGating``
+(CUDA) replace three of its steps with kernels where the arrays suit them: the LayerNorm of z2
+(``norm``: the LayerNorm class of the same back end), the split variant's F and z1 * F forward
+and G * F, G * z1 backward (``split_gate``, ``split_gate_backward``: one fused pass each), and,
+compiled, the rebuilt N (``affine``). Kernels: ``kernels/gating_numba.py``,
+``kernels/gating_cuda.py``.
 """
 
 from __future__ import annotations
@@ -29,14 +34,11 @@ import numpy as np
 
 from ..backend import array_module
 from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
-from . import cuda_kernels, register
-from .norm import layer_norm_backward, normalize, row_sum
+from . import cuda
+from .kernels import gating_cuda, gating_numba
+from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm, row_sum
 
-__all__ = ["FastSpatialGating", "FastToeplitz1d", "FastToeplitz2d"]
-
-KERNELS = None
-"""Compiled versions of the split gate's elementwise passes (set by ``fast.compiled`` when numba
-is installed); each returns None where it does not apply, and the code below runs."""
+__all__ = ["CompiledSpatialGating", "CudaSpatialGating", "FastSpatialGating", "FastToeplitz1d", "FastToeplitz2d"]
 
 
 def _tm(a):
@@ -51,12 +53,31 @@ def _empty(shape_bs, token_major, xp, dtype):
     return xp.empty(shape_bs, dtype=dtype)
 
 
-@register(SpatialGating)
 class FastSpatialGating(SpatialGating):
     """``SpatialGating`` on token-major arrays (see the module docstring)."""
 
+    norm = FastLayerNorm        # the LayerNorm of z2: its ``normalize`` and ``layer_norm_backward``
+
     @staticmethod
-    def forward(ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
+    def split_gate(f, gamma, shift, residual, z1, out):
+        """The split variant's F = f gamma + shift (+ residual), written into f, and out = z1 * F
+        in one pass; returns the copy of z1 that backward needs, or None where this back end has
+        no kernel for the arrays (the array code of ``forward`` runs)."""
+        return None
+
+    @staticmethod
+    def split_gate_backward(g, F, kept, dz1, gf):
+        """dL/dz1 = G F into ``dz1`` and G_F = G z1 in one pass: ``(G_F, the gate bias's gradient
+        or None)``, or None where this back end has no kernel for the arrays."""
+        return None
+
+    @staticmethod
+    def affine(x, w, b):
+        """N = x w + b over the last axis in one pass, or None (no kernel)."""
+        return None
+
+    @classmethod
+    def forward(cls, ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
                 eps=1e-5, causal=False, variant="split"):
         xp = array_module(z)
         gamma, beta = norm_weight, norm_bias
@@ -67,21 +88,14 @@ class FastSpatialGating(SpatialGating):
         ut = zt[..., e:] if variant == "split" else zt
         w_eff = xp.tril(weight) if causal else weight
 
-        xhat, rstd = normalize(ut, eps)                             # (S, B, e)
+        xhat, rstd = cls.norm.normalize(ut, eps)                    # (S, B, e)
         f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W x_hat: one product
         shift = row_sum(w_eff)[:, None] * beta + bias[:, None]      # (S, e), shared by the batch
         residual = _tm(gate_residual) if gate_residual is not None else None
         out = _empty((B, S, e), token_major, xp, z.dtype)
         out_t = _tm(out)
-        kept = None
-        if variant == "split" and KERNELS is not None:              # F, the copy of z1 and z1 * F: one pass
-            kept = KERNELS.forward(f, gamma, shift, residual, zt[..., :e], out_t)
-        if kept is not None:
-            pass
-        elif variant == "split" and cuda_kernels.applies(z):        # F and z1 * F in one pass on CUDA
-            kept = xp.ascontiguousarray(zt[..., :e])
-            cuda_kernels.sgu_gate_forward(f, gamma, shift[:, None], kept, residual, out=out_t)
-        else:
+        kept = cls.split_gate(f, gamma, shift, residual, zt[..., :e], out_t) if variant == "split" else None
+        if kept is None:                                            # no kernel: step by step
             if variant == "split":
                 kept = xp.ascontiguousarray(zt[..., :e])            # z2's memory may go, z1 stays
             elif variant == "multiplicative":
@@ -101,8 +115,8 @@ class FastSpatialGating(SpatialGating):
         ctx.save_for_backward(kept, w_eff, gamma, beta, xhat, rstd, f if keep_f else None)
         return out
 
-    @staticmethod
-    def backward(ctx, g):
+    @classmethod
+    def backward(cls, ctx, g):
         kt, w_eff, gamma, beta, xhat, rstd, ft = ctx.pop_saved()
         need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
         xp = array_module(g)
@@ -115,12 +129,10 @@ class FastSpatialGating(SpatialGating):
         dz = _empty(ctx.input_shapes[0], ctx.token_major, xp, g.dtype) if need_z else None
         dzt = _tm(dz) if need_z else None
         sums = None                                                 # the gate bias's gradient, if a kernel summed it
-        done = KERNELS.backward(gt, ft, kt, dzt[..., :e] if need_z else None, ft if last else None) \
-            if variant == "split" and KERNELS is not None else None
+        done = cls.split_gate_backward(gt, ft, kt, dzt[..., :e] if need_z else None, ft if last else None) \
+            if variant == "split" else None
         if done is not None:
             gf, sums = done
-        elif variant == "split" and need_z and cuda_kernels.applies(g, kt):
-            _, gf = cuda_kernels.sgu_gate_backward(gt, ft, kt, dz1=dzt[..., :e])
         elif variant == "split":
             if need_z:
                 xp.multiply(gt, ft, out=dzt[..., :e])               # dL/dz1 = G * F
@@ -133,7 +145,7 @@ class FastSpatialGating(SpatialGating):
 
         dw = db = work = None
         if need_w:
-            work = KERNELS.affine(xhat, gamma, beta) if KERNELS is not None else None
+            work = cls.affine(xhat, gamma, beta)
             if work is None:
                 work = xhat * gamma
                 work += beta                                        # N, rebuilt
@@ -150,7 +162,7 @@ class FastSpatialGating(SpatialGating):
                 work = xp.empty_like(xhat)
             gn = xp.matmul(w_eff.T, gf2, out=work.reshape(S, -1)).reshape(xhat.shape)   # W^T G_F
             du = (dzt[..., e:] if variant == "split" else dzt) if need_z else None
-            du, dgamma, dbeta = layer_norm_backward(
+            du, dgamma, dbeta = cls.norm.layer_norm_backward(
                 gn, xhat, rstd, gamma, out=du, need_dx=need_z, need_dweight=need_gamma, need_dbias=need_beta,
                 overwrite_g=True, overwrite_xhat=last)
             if variant == "multiplicative" and need_z:
@@ -160,21 +172,49 @@ class FastSpatialGating(SpatialGating):
         return dz, dw, db, dgamma, dbeta, da
 
 
+class CompiledSpatialGating(FastSpatialGating):
+    """``SpatialGating`` with the split gate, the LayerNorm and N compiled (numba), where they apply."""
+
+    norm = CompiledLayerNorm
+    split_gate = staticmethod(gating_numba.gate_forward)
+    split_gate_backward = staticmethod(gating_numba.gate_backward)
+    affine = staticmethod(gating_numba.affine)
+
+
+class CudaSpatialGating(FastSpatialGating):
+    """``SpatialGating`` on CUDA: the LayerNorm one kernel per row, the split gate one pass each way."""
+
+    norm = CudaLayerNorm
+
+    @staticmethod
+    def split_gate(f, gamma, shift, residual, z1, out):
+        if not cuda.applies(z1):
+            return None
+        kept = array_module(z1).ascontiguousarray(z1)               # z2's memory may go, z1 stays
+        gating_cuda.sgu_gate_forward(f, gamma, shift[:, None], kept, residual, out=out)
+        return kept
+
+    @staticmethod
+    def split_gate_backward(g, F, kept, dz1, gf):
+        if dz1 is None or not cuda.applies(g, kept):
+            return None
+        _, gf = gating_cuda.sgu_gate_backward(g, F, kept, dz1=dz1)
+        return gf, None
+
+
 class _FastToeplitzBackward:
     """The diagonal sums of dL/dW as ``bincount`` with weights on the CPU (one pass)."""
 
-    @staticmethod
-    def backward(ctx, g):
+    @classmethod
+    def backward(cls, ctx, g):
         k = int(np.prod(ctx.shape))
         dw = np.bincount(ctx.idx.ravel(), weights=g.ravel(), minlength=k)  # float64 sums
         return dw.astype(g.dtype, copy=False).reshape(ctx.shape)
 
 
-@register(Toeplitz1d, "cpu")
 class FastToeplitz1d(_FastToeplitzBackward, Toeplitz1d):
     pass
 
 
-@register(Toeplitz2d, "cpu")
 class FastToeplitz2d(_FastToeplitzBackward, Toeplitz2d):
     pass

@@ -22,20 +22,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import array_module, device_constant
-from ..ops.linear import Linear, _check_shapes
-from . import register
+from ..ops.linear import Linear, check_shapes
 from .layout import as_matrix, inverse, same_layout
 
 __all__ = ["FastLinear"]
 
 
-@register(Linear)
 class FastLinear(Linear):
     """``Linear`` on x in its own memory order (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias=None):
-        _check_shapes(x, weight, bias)
+        check_shapes(x, weight, bias)
         X, order, kind = as_matrix(x)
         d_out = weight.shape[1]
         lead = tuple(x.shape[i] for i in order if i != x.ndim - 1)     # the other axes, in memory order

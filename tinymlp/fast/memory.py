@@ -5,7 +5,7 @@ gradients: 4 to 32 MiB each for the CIFAR models). glibc serves blocks above a t
 KiB at first, adapting up to 32 MiB) with a fresh ``mmap`` and returns them to the OS on
 ``free``; the next step maps them again, and the OS zero-fills every page on first touch: a
 page fault per 4 KiB, 50 to 140 MiB of them per step when nothing else keeps the heap warm
-(measured, issue 17). PyTorch avoids this with its own caching allocator; NumPy relies on
+(measured on the CIFAR models). PyTorch avoids this with its own caching allocator; NumPy relies on
 malloc. So at import of the fast tier, on glibc (Linux), tinymlp calls::
 
     mallopt(M_MMAP_MAX, 0)                 # big blocks come from the heap, not from mmap

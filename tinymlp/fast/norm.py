@@ -12,7 +12,20 @@ The reference (ops/norm.py) is the formula; this is the same arithmetic arranged
   writes it straight into its half of dL/dz).
 
 Rows are read in the memory order of x_hat (``layout.rows``), so a token-major array is never
-copied. On CUDA, forward and backward each run as one kernel per row (``cuda_kernels``).
+copied.
+
+Three implementations, one per back end; each runs ``FastLayerNorm``'s code where its kernels
+do not take the arrays:
+
+- ``FastLayerNorm``: the NumPy code above (and the same array code on CuPy);
+- ``CompiledLayerNorm`` (CPU, numba installed): one compiled pass over the rows each way
+  (``kernels/norm_numba.py``); forward writes y only and saves its *input* with the row means
+  and 1/std, and backward recomputes x_hat on the fly;
+- ``CudaLayerNorm`` (CUDA): forward and backward each one kernel per row
+  (``kernels/norm_cuda.py``).
+
+Each class also offers its ``normalize`` and ``layer_norm_backward`` to the spatial gating unit
+(fast/gating.py), whose LayerNorm is the LayerNorm class of its own back end.
 """
 
 from __future__ import annotations
@@ -20,16 +33,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import array_module
-from ..ops.norm import LayerNorm, _check
+from ..ops.norm import LayerNorm, check_inputs
 from ..ops.norm import normalize as reference_normalize
-from . import cuda_kernels, register
-from .layout import memory_order, rows
+from . import compiled, cuda
+from .kernels import norm_cuda, norm_numba
+from .layout import inverse, memory_order, rows
 
-__all__ = ["FastLayerNorm", "layer_norm_backward", "normalize"]
-
-KERNELS = None
-"""Compiled versions of ``normalize`` and ``layer_norm_backward`` (set by ``fast.compiled`` when
-numba is installed); each returns None where it does not apply, and the code below runs."""
+__all__ = ["CompiledLayerNorm", "CudaLayerNorm", "FastLayerNorm", "layer_norm_backward", "normalize", "row_sum"]
 
 
 def _row_order(x):
@@ -59,13 +69,6 @@ def column_dot(a, b, order):
 
 def normalize(x, eps):
     """``(x_hat, rstd)`` as ops.norm.normalize; x_hat is new, laid out like x."""
-    if cuda_kernels.applies(x):
-        xhat, rstd = cuda_kernels.layer_norm_normalize(x, eps)
-        return xhat, rstd[..., None]
-    if KERNELS is not None:
-        done = KERNELS.normalize(x, eps)
-        if done is not None:
-            return done
     xp = array_module(x)
     d = x.shape[-1]
     mean = row_sum(x)[..., None]
@@ -86,13 +89,6 @@ def normalize(x, eps):
 def layer_norm_backward(g, xhat, rstd, weight=None, *, out=None, need_dx=True, need_dweight=True,
                         need_dbias=True, overwrite_g=False, overwrite_xhat=False):
     """``(dx, dweight, dbias)`` of y = weight * x_hat + bias from G = dL/dy (None where not asked)."""
-    if cuda_kernels.applies(g, xhat, rstd, weight):
-        return cuda_kernels.layer_norm_backward(g, xhat, rstd[..., 0], weight, out=out, need_dx=need_dx,
-                                                need_dweight=need_dweight, need_dbias=need_dbias)
-    if KERNELS is not None:
-        done = KERNELS.backward(g, xhat, rstd, weight, out, need_dx, need_dweight, need_dbias)
-        if done is not None:
-            return done
     xp = array_module(g)
     order = _row_order(xhat)
     dweight = column_dot(g, xhat, order) if need_dweight else None
@@ -113,28 +109,116 @@ def layer_norm_backward(g, xhat, rstd, weight=None, *, out=None, need_dx=True, n
     return xp.multiply(g, rstd, out=g if out is None else out), dweight, dbias
 
 
-@register(LayerNorm)
 class FastLayerNorm(LayerNorm):
-    """``LayerNorm`` with the passes above (one kernel per row on CUDA)."""
+    """``LayerNorm`` with the passes above."""
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps=1e-5):
-        _check(x, weight, bias, eps)
-        if cuda_kernels.applies(x, weight, bias):
-            y, xhat, rstd = cuda_kernels.layer_norm_forward(x, weight, bias, eps)
-            rstd = rstd[..., None]
-        else:
-            xhat, rstd = normalize(x, eps)
-            y = xhat * weight if weight is not None else xhat.copy()
-            if bias is not None:
-                y += bias
+    normalize = staticmethod(normalize)
+    layer_norm_backward = staticmethod(layer_norm_backward)
+
+    @classmethod
+    def forward(cls, ctx, x, weight, bias, eps=1e-5):
+        check_inputs(x, weight, bias, eps)
+        xhat, rstd = cls.normalize(x, eps)
+        y = xhat * weight if weight is not None else xhat.copy()
+        if bias is not None:
+            y += bias
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.has_bias = bias is not None
         return y
 
-    @staticmethod
-    def backward(ctx, grad):
+    @classmethod
+    def backward(cls, ctx, grad):
         xhat, rstd, weight = ctx.pop_saved()
         need_x, need_w, need_b = ctx.needs_input_grad
-        return layer_norm_backward(grad, xhat, rstd, weight, need_dx=need_x, need_dweight=need_w,
-                                   need_dbias=need_b and ctx.has_bias, overwrite_xhat=not ctx.retain_graph)
+        return cls.layer_norm_backward(grad, xhat, rstd, weight, need_dx=need_x, need_dweight=need_w,
+                                       need_dbias=need_b and ctx.has_bias, overwrite_xhat=not ctx.retain_graph)
+
+
+def _compiled_normalize(x, eps):
+    """``normalize`` in one compiled pass, or the NumPy code where the kernel does not take x."""
+    done = norm_numba.normalize(x, eps)
+    return done if done is not None else normalize(x, eps)
+
+
+def _compiled_backward(g, xhat, rstd, weight=None, *, out=None, need_dx=True, need_dweight=True, need_dbias=True,
+                       overwrite_g=False, overwrite_xhat=False):
+    """``layer_norm_backward`` in one compiled pass, or the NumPy code where the kernel does not apply."""
+    done = norm_numba.layer_norm_backward(g, xhat, rstd, weight, out, need_dx, need_dweight, need_dbias)
+    if done is not None:
+        return done
+    return layer_norm_backward(g, xhat, rstd, weight, out=out, need_dx=need_dx, need_dweight=need_dweight,
+                               need_dbias=need_dbias, overwrite_g=overwrite_g, overwrite_xhat=overwrite_xhat)
+
+
+class CompiledLayerNorm(FastLayerNorm):
+    """LayerNorm as one compiled pass over the rows each way; saves x, the row means and 1/std."""
+
+    normalize = staticmethod(_compiled_normalize)
+    layer_norm_backward = staticmethod(_compiled_backward)
+
+    @classmethod
+    def forward(cls, ctx, x, weight, bias, eps=1e-5):
+        check_inputs(x, weight, bias, eps)
+        arrays = [a for a in (x, weight, bias) if a is not None]
+        X, order = norm_numba.row_matrix(x) if compiled.applies(*arrays) and x.size else (None, None)
+        if X is None:
+            ctx.compiled = False
+            return super().forward(ctx, x, weight, bias, eps)
+        try:
+            Y, mean, rstd = norm_numba.forward_rows(X, weight, bias, eps)
+        except Exception as exc:  # noqa: BLE001
+            compiled.fail(exc)
+            ctx.compiled = False
+            return super().forward(ctx, x, weight, bias, eps)
+        ctx.compiled, ctx.order, ctx.has_bias = True, order, bias is not None
+        ctx.save_for_backward(X, mean, rstd, weight)
+        return Y.reshape(tuple(x.shape[i] for i in order)).transpose(inverse(order))
+
+    @classmethod
+    def backward(cls, ctx, grad):
+        if not ctx.compiled:
+            return super().backward(ctx, grad)
+        X, mean, rstd, weight = ctx.pop_saved()
+        need_x, need_w, need_b = ctx.needs_input_grad
+        order = ctx.order
+        G = np.ascontiguousarray(grad.transpose(order)).reshape(X.shape)   # a view when laid out like y
+        if G.dtype != X.dtype:
+            G = G.astype(X.dtype)
+        dX, dw, db = norm_numba.backward_rows(G, X, mean, rstd, rstd, weight, need_x)
+        dx = dX.reshape(tuple(ctx.input_shapes[0][i] for i in order)).transpose(inverse(order)) if need_x else None
+        return dx, (dw if need_w else None), (db if need_b and ctx.has_bias else None)
+
+
+def _cuda_normalize(x, eps):
+    """``normalize`` as one kernel per row, or the array code where the kernels do not take x."""
+    if not cuda.applies(x):
+        return normalize(x, eps)
+    xhat, rstd = norm_cuda.layer_norm_normalize(x, eps)
+    return xhat, rstd[..., None]
+
+
+def _cuda_backward(g, xhat, rstd, weight=None, *, out=None, need_dx=True, need_dweight=True, need_dbias=True,
+                   overwrite_g=False, overwrite_xhat=False):
+    """``layer_norm_backward`` as kernels over rows, or the array code where they do not apply."""
+    if not cuda.applies(g, xhat, rstd, weight):
+        return layer_norm_backward(g, xhat, rstd, weight, out=out, need_dx=need_dx, need_dweight=need_dweight,
+                                   need_dbias=need_dbias, overwrite_g=overwrite_g, overwrite_xhat=overwrite_xhat)
+    return norm_cuda.layer_norm_backward(g, xhat, rstd[..., 0], weight, out=out, need_dx=need_dx,
+                                         need_dweight=need_dweight, need_dbias=need_dbias)
+
+
+class CudaLayerNorm(FastLayerNorm):
+    """``LayerNorm`` on CUDA: forward and backward each one kernel per row."""
+
+    normalize = staticmethod(_cuda_normalize)
+    layer_norm_backward = staticmethod(_cuda_backward)
+
+    @classmethod
+    def forward(cls, ctx, x, weight, bias, eps=1e-5):
+        check_inputs(x, weight, bias, eps)
+        if not cuda.applies(x, weight, bias):
+            return super().forward(ctx, x, weight, bias, eps)
+        y, xhat, rstd = norm_cuda.layer_norm_forward(x, weight, bias, eps)
+        ctx.save_for_backward(xhat, rstd[..., None], weight)
+        ctx.has_bias = bias is not None
+        return y

@@ -11,8 +11,15 @@ of the result with one in-place subtraction. Nothing is allocated after the firs
 The per-parameter state arrays of the optimizer become *views* of the flat buffers when they
 are first built, so the reference ``update`` and ``state_dict`` read and write the same numbers
 (switching tiers mid-training is exact). Hyperparameters enter as Python floats, which NumPy
-treats as "weak" scalars: float32 stays float32. ``optimizer.step()`` calls ``step`` here
-while the fast tier is on.
+treats as "weak" scalars: float32 stays float32.
+
+``optimizer.step()`` finds ``FlatStep.step`` (or a subclass's) in the dispatch table under
+``dispatch.OPTIMIZER_STEP`` while the fast tier is on; ``optim.clip_grad_norm`` finds
+``clip_grad_norm`` below under ``dispatch.CLIP_GRAD_NORM`` on CUDA. Three versions of the step,
+one per back end: ``FlatStep`` (the array code above, NumPy or CuPy), ``CompiledFlatStep`` (CPU,
+numba installed: Adam's direction and each parameter's update one compiled pass each,
+``kernels/optim_numba.py``) and ``CudaFlatStep`` (CUDA: a whole Adam(W) step in one kernel,
+``kernels/optim_cuda.py``).
 """
 
 from __future__ import annotations
@@ -22,14 +29,10 @@ import math
 import numpy as np
 
 from ..backend import array_module, device_of
-from . import cuda_kernels
+from . import compiled
+from .kernels import optim_cuda, optim_numba
 
-__all__ = ["FlatGroup", "clip_grad_norm", "step"]
-
-COMPILED = {}
-"""Compiled kernels (set by ``fast.compiled`` when numba is installed): "adam", a direction
-computed in one pass over the whole flat buffers, and "apply_update", p <- p * decay - u in one
-pass (returns False where it does not apply)."""
+__all__ = ["CompiledFlatStep", "CudaFlatStep", "FlatGroup", "FlatStep", "clip_grad_norm"]
 
 CHUNK = 1 << 16
 """On the CPU the update walks the flat buffers in pieces of this many values (256 KiB of
@@ -77,102 +80,143 @@ class FlatGroup:
                 and set(self.bufs) == set(optimizer.state_names(group)))
 
 
-def step(optimizer):
-    """``optimizer.step()`` over flat buffers (the fast tier's version of it)."""
-    groups = optimizer.param_groups
-    if optimizer._flat is None or len(optimizer._flat) != len(groups):
-        optimizer._flat = [None] * len(groups)
-    direction = DIRECTIONS[optimizer.fast_kind]
-    compiled = COMPILED.get(optimizer.fast_kind)
-    apply_update = COMPILED.get("apply_update")
-    decoupled = getattr(optimizer, "decoupled_weight_decay", False)
-    for gi, group in enumerate(groups):
-        params = group["params"]
-        live = [i for i, p in enumerate(params) if p.grad is not None]
-        if not live:
-            continue
-        if not FlatGroup.uniform(params):   # mixed dtypes or devices: the reference, one by one
-            for i in live:
-                state = optimizer.param_state(gi, i)
-                state["step"] += 1
-                optimizer.update(params[i].data, params[i].grad, state, group)
-            continue
-        fs = optimizer._flat[gi]
-        if fs is None or not fs.fits(optimizer, gi):
-            for i in range(len(params)):
-                optimizer.param_state(gi, i)       # moves state that followed a model.to(...)
-            if optimizer._flat is None:            # (which drops the stale flat buffers)
-                optimizer._flat = [None] * len(groups)
-            fs = optimizer._flat[gi] = FlatGroup(optimizer, gi)
-        states = optimizer.state[gi]
-        xp = array_module(fs.grad)
-        lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+class FlatStep:
+    """``optimizer.step()`` over flat buffers: the array code (NumPy or CuPy).
 
-        steps = [states[i]["step"] for i in range(len(params))]
-        whole = len(live) == len(params) and steps.count(steps[0]) == len(params)
-        if whole:
-            # the usual case: all parameters at the same step, so the update runs over the
-            # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
-            xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
-            t, n = steps[0] + 1, fs.grad.size
-            chunk = CHUNK if xp is np and (compiled is None or type(fs.grad) is not np.ndarray) else n
-            pieces = [(slice(a, a + chunk), t) for a in range(0, n, chunk)]
-        else:  # some gradients missing, or parameters at different steps: one piece each
-            for i in live:
-                fs.view(fs.grad, i)[...] = params[i].grad
-            pieces = [(slice(fs.starts[i], fs.stops[i]), steps[i] + 1) for i in live]
+    Subclasses replace three steps with kernels, each returning None or False where it does not
+    take the arrays: ``direction`` (a group's update direction over whole buffers), ``apply_update``
+    (p <- p * decay - u) and ``whole_step`` (a whole Adam(W) step)."""
 
-        if wd and not decoupled:  # L2 penalty: g <- g + wd * p
-            for i in live:
-                scratch = fs.view(fs.work, i)
-                xp.multiply(params[i].data, wd, out=scratch)
-                g = fs.view(fs.grad, i)
-                g += scratch
+    @staticmethod
+    def direction(kind, flat_state):
+        """A function computing the ``kind`` optimizer's update over a whole flat buffer in one
+        piece, or None: the array code (``DIRECTIONS``) runs in cache-sized pieces."""
+        return None
 
-        if (optimizer.fast_kind == "adam" and xp is not np and whole
-                and cuda_kernels.multi_tensor_ok([fs.grad] + [p.data for p in params])):
-            # on a GPU the whole step is one kernel: moments, direction and every parameter
-            b1, b2 = (float(b) for b in group["betas"])
-            t = pieces[0][1]
-            c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
-            cuda_kernels.adam_step([p.data for p in params], fs.grad, fs.bufs["exp_avg"], fs.bufs["exp_avg_sq"],
-                                   b1=b1, b2=b2, eps_c=float(group["eps"]) * root_c2,
-                                   step_size=lr * root_c2 / c1, decay=1.0 - lr * wd if wd and decoupled else 1.0)
+    @staticmethod
+    def apply_update(p, u, decay):
+        """p <- p * decay - u in one pass; False where there is no kernel for it."""
+        return False
+
+    @staticmethod
+    def whole_step(optimizer, group, fs, params, t, decay):
+        """The whole step of an Adam(W) group (moments, direction, every parameter) in one
+        pass; False where there is no kernel for it."""
+        return False
+
+    @classmethod
+    def step(cls, optimizer):
+        """``optimizer.step()`` over flat buffers (the fast tier's version of it)."""
+        groups = optimizer.param_groups
+        if optimizer.flat_state is None or len(optimizer.flat_state) != len(groups):
+            optimizer.flat_state = [None] * len(groups)
+        decoupled = getattr(optimizer, "decoupled_weight_decay", False)
+        for gi, group in enumerate(groups):
+            params = group["params"]
+            live = [i for i, p in enumerate(params) if p.grad is not None]
+            if not live:
+                continue
+            if not FlatGroup.uniform(params):   # mixed dtypes or devices: the reference, one by one
+                for i in live:
+                    state = optimizer.param_state(gi, i)
+                    state["step"] += 1
+                    optimizer.update(params[i].data, params[i].grad, state, group)
+                continue
+            fs = optimizer.flat_state[gi]
+            if fs is None or not fs.fits(optimizer, gi):
+                for i in range(len(params)):
+                    optimizer.param_state(gi, i)       # moves state that followed a model.to(...)
+                if optimizer.flat_state is None:       # (which drops the stale flat buffers)
+                    optimizer.flat_state = [None] * len(groups)
+                fs = optimizer.flat_state[gi] = FlatGroup(optimizer, gi)
+            states = optimizer.state[gi]
+            xp = array_module(fs.grad)
+            lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+            decay = 1.0 - lr * wd if wd and decoupled else 1.0
+            one_pass = cls.direction(optimizer.fast_kind, fs)
+
+            steps = [states[i]["step"] for i in range(len(params))]
+            whole = len(live) == len(params) and steps.count(steps[0]) == len(params)
+            if whole:
+                # the usual case: all parameters at the same step, so the update runs over the
+                # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
+                xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
+                t, n = steps[0] + 1, fs.grad.size
+                chunk = CHUNK if xp is np and one_pass is None else n
+                pieces = [(slice(a, a + chunk), t) for a in range(0, n, chunk)]
+            else:  # some gradients missing, or parameters at different steps: one piece each
+                for i in live:
+                    fs.view(fs.grad, i)[...] = params[i].grad
+                pieces = [(slice(fs.starts[i], fs.stops[i]), steps[i] + 1) for i in live]
+
+            if wd and not decoupled:  # L2 penalty: g <- g + wd * p
+                for i in live:
+                    scratch = fs.view(fs.work, i)
+                    xp.multiply(params[i].data, wd, out=scratch)
+                    g = fs.view(fs.grad, i)
+                    g += scratch
+
+            if optimizer.fast_kind == "adam" and whole and cls.whole_step(optimizer, group, fs, params,
+                                                                          pieces[0][1], decay):
+                for i in live:
+                    states[i]["step"] += 1
+                continue
+
+            run = one_pass if one_pass is not None else DIRECTIONS[optimizer.fast_kind]
+            for where, t in pieces:
+                bufs = {name: buf[where] for name, buf in fs.bufs.items()}
+                run(group, fs.grad[where], bufs, fs.work[where], t)
+
             for i in live:
+                p = params[i].data
+                if not cls.apply_update(p, fs.view(fs.work, i), decay):
+                    if wd and decoupled:  # AdamW: p <- p - lr * wd * p
+                        p *= 1.0 - lr * wd
+                    p -= fs.view(fs.work, i)
                 states[i]["step"] += 1
-            continue
 
-        plain = all(type(b) is np.ndarray for b in (fs.grad, fs.work, *fs.bufs.values()))   # no subclass
-        run = compiled if compiled is not None and plain and fs.dtype.kind == "f" else direction
-        for where, t in pieces:
-            bufs = {name: buf[where] for name, buf in fs.bufs.items()}
-            run(group, fs.grad[where], bufs, fs.work[where], t)
 
-        decay = 1.0 - lr * wd if wd and decoupled else 1.0
-        for i in live:
-            p = params[i].data
-            if apply_update is not None and xp is np and apply_update(p, fs.view(fs.work, i), decay):
-                pass                  # p <- p * decay - update, one compiled pass
-            else:
-                if wd and decoupled:  # AdamW: p <- p - lr * wd * p
-                    p *= 1.0 - lr * wd
-                p -= fs.view(fs.work, i)
-            states[i]["step"] += 1
+class CompiledFlatStep(FlatStep):
+    """The flat step with Adam's direction and each parameter's update as compiled passes."""
+
+    @staticmethod
+    def direction(kind, flat_state):
+        plain = all(type(b) is np.ndarray for b in (flat_state.grad, flat_state.work, *flat_state.bufs.values()))
+        if kind == "adam" and compiled.is_enabled() and plain and flat_state.dtype.kind == "f":
+            return optim_numba.adam_direction
+        return None
+
+    apply_update = staticmethod(optim_numba.apply_update)
+
+
+class CudaFlatStep(FlatStep):
+    """The flat step with a whole Adam(W) step as one kernel over every parameter."""
+
+    @staticmethod
+    def whole_step(optimizer, group, fs, params, t, decay):
+        if not optim_cuda.multi_tensor_ok([fs.grad] + [p.data for p in params]):
+            return False
+        b1, b2 = (float(b) for b in group["betas"])
+        c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+        optim_cuda.adam_step([p.data for p in params], fs.grad, fs.bufs["exp_avg"], fs.bufs["exp_avg_sq"],
+                             b1=b1, b2=b2, eps_c=float(group["eps"]) * root_c2,
+                             step_size=float(group["lr"]) * root_c2 / c1, decay=decay)
+        return True
 
 
 def clip_grad_norm(grads, max_norm, sync):
     """``optim.clip_grad_norm`` on a GPU in three launches whatever the number of gradients:
     the joint norm and the clipping factor on the device, then every gradient scaled by it.
     None where the kernels do not apply (CPU arrays, mixed dtypes): the caller's code runs."""
-    if array_module(grads[0]) is np or not cuda_kernels.multi_tensor_ok(grads):
+    if array_module(grads[0]) is np or not optim_cuda.multi_tensor_ok(grads):
         return None
-    total, scale = cuda_kernels.clip_by_norm(grads, max_norm)
+    total, scale = optim_cuda.clip_by_norm(grads, max_norm)
     if sync:  # the decision on the host, as the reference takes it
         norm = float(total)
         if math.isfinite(norm) and norm > max_norm:
-            cuda_kernels.scale_all(grads, scale)
+            optim_cuda.scale_all(grads, scale)
         return norm
-    cuda_kernels.scale_all(grads, scale)
+    optim_cuda.scale_all(grads, scale)
     return total
 
 

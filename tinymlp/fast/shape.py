@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from ..backend import array_module
 from ..ops.shape import GetItem, Patchify, scatter
-from . import register
 from .layout import inverse, memory_order
 
 __all__ = ["FastGetItem", "FastPatchify"]
 
 
-@register(Patchify)
 class FastPatchify(Patchify):
     """``Patchify`` writing its (B, S, K) result token-major: (S, B, K) in memory."""
 
@@ -35,7 +33,6 @@ class FastPatchify(Patchify):
         return out.transpose(1, 0, 2)                                            # seen as (B, S, K)
 
 
-@register(GetItem)
 class FastGetItem(GetItem):
     """``GetItem`` whose gradient is laid out like x: the q, k, v slices of a token-major
     (B, S, 3d) projection send back a token-major gradient, which the Linear before them reads

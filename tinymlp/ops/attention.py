@@ -100,7 +100,7 @@ class Attention(Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask=None, causal=False):
-        _check_shapes(q, k, v, mask)
+        check_shapes(q, k, v, mask)
         xp = array_module(q)
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
         allowed = mask
@@ -145,7 +145,7 @@ class SelfAttention(Function):
 
     @staticmethod
     def forward(ctx, qkv, mask=None, causal=False):
-        _check_packed(qkv)
+        check_packed(qkv)
         q, k, v = array_module(qkv).split(qkv, 3, axis=-1)
         return Attention.forward(ctx, q, k, v, mask=mask, causal=causal)
 
@@ -155,13 +155,14 @@ class SelfAttention(Function):
         return array_module(grad).concatenate([dq, dk, dv], axis=-1)
 
 
-def _check_packed(qkv):
+def check_packed(qkv):
+    """qkv must be [q | k | v] along its last axis (a width divisible by 3)."""
     if qkv.ndim < 2 or qkv.shape[-1] % 3:
         raise ValueError(f"self_attention: qkv must be (..., tokens, 3 d), [q | k | v] along the last axis; "
                          f"got shape {tuple(qkv.shape)}")
 
 
-def _check_shapes(q, k, v, mask):
+def check_shapes(q, k, v, mask):
     """Name the op and the shapes: attention mixes up easily."""
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:

@@ -34,7 +34,7 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias=None):
-        _check_shapes(x, weight, bias)
+        check_shapes(x, weight, bias)
         X = x.reshape(-1, weight.shape[0])                # (N, D_in)
         Y = X @ weight                                    # (N, D_out)
         if bias is not None:
@@ -53,7 +53,7 @@ class Linear(Function):
         return dX, dW, db
 
 
-def _check_shapes(x, weight, bias):
+def check_shapes(x, weight, bias):
     """Shapes must agree exactly: a mismatch is a bug, not something to broadcast away."""
     if weight.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D (in_features, out_features), got shape {tuple(weight.shape)}")

@@ -74,7 +74,7 @@ class LayerNorm(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps=1e-5):
-        _check(x, weight, bias, eps)
+        check_inputs(x, weight, bias, eps)
         x_hat, rstd = normalize(x, eps)
         y = x_hat if weight is None else x_hat * weight
         if bias is not None:
@@ -92,7 +92,9 @@ class LayerNorm(Function):
         return normalize_backward(dx_hat, x_hat, rstd), dweight, dbias
 
 
-def _check(x, weight, bias, eps):
+def check_inputs(x, weight, bias, eps):
+    """What LayerNorm refuses (its fast implementations check the same): no axis, eps <= 0, a
+    weight or bias that does not fit the last axis or the dtype."""
     if x.ndim == 0:
         raise ValueError("layer_norm: the input must have at least one axis (it normalises the last one)")
     if not eps > 0:

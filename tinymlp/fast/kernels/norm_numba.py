@@ -1,0 +1,183 @@
+"""LayerNorm on the CPU, compiled by numba: one pass over the rows forward, one backward.
+
+Forward computes each row's mean and 1/std (sums in float64) and writes y; backward computes
+dx row by row and the column sums of G x_hat (dweight) and G (dbias) as per-thread partial
+sums, added at the end. The fast tier's ``CompiledLayerNorm`` (fast/norm.py) saves x, the row
+means and 1/std (no x_hat is written: backward recomputes x_hat = (x - mean) / std on the fly);
+the SGU's LayerNorm uses ``normalize`` and ``layer_norm_backward``, with x_hat saved. The
+formulas are derived in ops/norm.py.
+
+The kernels take each matrix as a flat C-contiguous buffer and a row stride (in elements):
+rows may be spaced wider than they are long (the SGU's z2 half of each row of z), and numba
+vectorises only loops over arrays it knows to be contiguous.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import compiled
+from ..compiled import prange
+from ..layout import inverse, memory_order
+
+__all__ = ["backward_rows", "forward_rows", "layer_norm_backward", "normalize", "row_matrix"]
+
+
+def _ln_forward(x, xs, n, dim, w, b, eps, y, ys, mean, rstd):
+    # rows of x (N, D): mean, 1/std, y = (x - mean)/std * w + b; float64 sums
+    for i in prange(n):
+        xr = x[i * xs:i * xs + dim]      # a contiguous slice: the loops below vectorise
+        yr = y[i * ys:i * ys + dim]
+        s = 0.0
+        for j in range(dim):
+            s += xr[j]
+        mu = s / dim
+        ss = 0.0
+        for j in range(dim):
+            c = xr[j] - mu
+            ss += c * c
+        r = 1.0 / math.sqrt(ss / dim + eps)
+        mean[i] = mu
+        rstd[i] = r
+        mu_t = mean[i]       # read back: in x's dtype, so the loop below stays in it
+        r_t = rstd[i]
+        for j in range(dim):
+            yr[j] = (xr[j] - mu_t) * r_t * w[j] + b[j]
+
+
+def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, dx, ds, need_dx, dw_part, db_part, scratch):
+    # x_hat = (x - mean) scale; G_hat = G w; dx = rstd (G_hat - mean(G_hat) - x_hat mean(G_hat x_hat));
+    # partial column sums of G x_hat (dw) and G (db) per block of rows, in float64
+    blocks = dw_part.shape[0]
+    for p in prange(blocks):
+        lo = p * n // blocks
+        hi = (p + 1) * n // blocks
+        dwp = dw_part[p]
+        dbp = db_part[p]
+        for i in range(lo, hi):
+            gr = g[i * gs:i * gs + dim]
+            xr = x[i * xs:i * xs + dim]
+            mu = mean[i]
+            sc = scale[i]
+            a = 0.0
+            c = 0.0
+            for j in range(dim):
+                xh = (xr[j] - mu) * sc
+                gj = gr[j]
+                dwp[j] += gj * xh
+                dbp[j] += gj
+                gh = gj * w[j]
+                a += gh
+                c += gh * xh
+            if need_dx:
+                dr = dx[i * ds:i * ds + dim]
+                scratch[p, 0] = a / dim       # read back in x's dtype
+                scratch[p, 1] = c / dim
+                a_t = scratch[p, 0]
+                c_t = scratch[p, 1]
+                r_t = rstd[i]
+                for j in range(dim):
+                    gh = gr[j] * w[j]          # rounded as above: exact cancellations stay exact
+                    xh = (xr[j] - mu) * sc
+                    dr[j] = r_t * ((gh - a_t) - xh * c_t)
+
+
+LN_FORWARD = compiled.jit(_ln_forward, reduce=True)
+LN_BACKWARD = compiled.jit(_ln_backward, reduce=True)
+
+
+def row_matrix(x):
+    """``(X (N, D) view with contiguous rows, order)`` of x read in its memory order with the
+    last axis last, or (None, None) when that needs a copy."""
+    order = memory_order(x)
+    last = x.ndim - 1
+    if order[-1] != last:
+        order = tuple(i for i in order if i != last) + (last,)
+    xt = x.transpose(order)
+    if x.shape[-1] > 1 and xt.strides[-1] != x.itemsize:
+        return None, None
+    try:
+        X = np.reshape(xt, (-1, x.shape[-1]), copy=False)
+    except (ValueError, TypeError):
+        return None, None
+    return X, order
+
+
+def _flat_rows(X):
+    """``(flat, row_stride)``: X (N, D), whose rows are contiguous, as a flat contiguous view
+    from its first element to its last, and the distance between its rows (in elements)."""
+    n, dim = X.shape
+    if X.flags.c_contiguous:
+        return X.reshape(-1), dim
+    rs = X.strides[0] // X.itemsize
+    flat = np.lib.stride_tricks.as_strided(X, shape=((n - 1) * rs + dim,), strides=(X.itemsize,))
+    return flat, rs
+
+
+def _param(v, dim, dtype, fill):
+    return np.full(dim, fill, dtype=dtype) if v is None else np.ascontiguousarray(v, dtype=dtype)
+
+
+def forward_rows(X, w, b, eps):
+    """Y, mean, rstd of the rows of X (N, D)."""
+    n, dim = X.shape
+    Y = np.empty((n, dim), dtype=X.dtype)
+    mean = np.empty(n, dtype=X.dtype)
+    rstd = np.empty(n, dtype=X.dtype)
+    xf, xs = _flat_rows(X)
+    compiled.kernel(LN_FORWARD, X.size)(xf, xs, n, dim, _param(w, dim, X.dtype, 1), _param(b, dim, X.dtype, 0),
+                                        float(eps), Y.reshape(-1), dim, mean, rstd)
+    return Y, mean, rstd
+
+
+def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None):
+    """dX (into ``out`` when given), dw, db (float64 column sums, cast) for rows (N, D)."""
+    n, dim = G.shape
+    blocks = max(1, min(n, 4 * compiled.threads())) if G.size >= compiled.PARALLEL_MIN else 1
+    dw_part = np.zeros((blocks, dim))
+    db_part = np.zeros((blocks, dim))
+    dX = (out if out is not None else np.empty((n, dim), dtype=G.dtype)) if need_dx else np.empty((1, dim), dtype=G.dtype)
+    scratch = np.empty((blocks, 2), dtype=G.dtype)
+    (gf, gs), (xf, xs), (df, ds) = _flat_rows(G), _flat_rows(X), _flat_rows(dX)
+    compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1), df,
+                                         ds, need_dx, dw_part, db_part, scratch)
+    return (dX if need_dx else None), dw_part.sum(0).astype(G.dtype), db_part.sum(0).astype(G.dtype)
+
+
+def normalize(x, eps):
+    """``(x_hat, rstd)`` as ``fast.norm.normalize``, in one compiled pass over the rows; None
+    where the kernel does not take x."""
+    X, order = row_matrix(x) if compiled.applies(x) and x.size else (None, None)
+    if X is None:
+        return None
+    xhat, _, rstd = forward_rows(X, None, None, eps)
+    shape_t = tuple(x.shape[i] for i in order)
+    back = inverse(order)
+    r = rstd.reshape(shape_t[:-1] + (1,)).transpose(back)
+    return xhat.reshape(shape_t).transpose(back), r
+
+
+def layer_norm_backward(g, xhat, rstd, weight, out, need_dx, need_dweight, need_dbias):
+    """``(dx, dweight, dbias)`` as ``fast.norm.layer_norm_backward``, in one compiled pass over the
+    rows (dx into ``out`` when given); None where the kernel does not take the arrays."""
+    arrays = [a for a in (g, xhat, rstd, weight, out) if a is not None]
+    if not compiled.applies(*arrays) or not xhat.size:
+        return None
+    Xh, order = row_matrix(xhat)
+    if Xh is None or rstd.shape != xhat.shape[:-1] + (1,):
+        return None
+    out_rows = None
+    if out is not None and need_dx:
+        out_rows, out_order = row_matrix(out)
+        if out_rows is None or out_order != order:
+            return None
+    G = np.ascontiguousarray(np.broadcast_to(g, xhat.shape).transpose(order)).reshape(Xh.shape)
+    r = np.ascontiguousarray(rstd[..., 0].transpose(order[:-1])).reshape(-1)
+    n = Xh.shape[0]
+    dX, dw, db = backward_rows(G, Xh, np.zeros(n, Xh.dtype), np.ones(n, Xh.dtype), r, weight, need_dx, out=out_rows)
+    dx = None
+    if need_dx:
+        dx = out if out is not None else dX.reshape(tuple(xhat.shape[i] for i in order)).transpose(inverse(order))
+    return dx, (dw if need_dweight else None), (db if need_dbias else None)
