@@ -24,7 +24,8 @@
 #
 # **In tinymlp:** `tinymlp/tensor.py` (the `Tensor` class), `tinymlp/autograd.py` (the
 # `Function` contract, `backward`, `unbroadcast`, `no_grad`: under 300 lines, worth reading
-# top to bottom after this lesson) and `tinymlp/ops/` (one small `Function` per operation).
+# top to bottom after this lesson), `tinymlp/graph.py` (the topological order `backward`
+# walks) and `tinymlp/ops/` (one small `Function` per operation).
 
 # %%
 import sys
