@@ -445,11 +445,18 @@ SCRIPTS = {"MLPMixer": "train_cifar_mixer.py", "GMLP": "train_cifar_gmlp.py", "A
 CIFAR_SCRIPTS = ("train_cifar_mixer.py", "train_cifar_gmlp.py")
 
 
+def is_text_preset(preset) -> bool:
+    """Whether ``preset`` names a TextGMLP configuration of tinymlp.models.PRESETS."""
+    from tinymlp import models
+
+    return preset in models.PRESETS and models.PRESETS[preset][0] is models.TextGMLP
+
+
 def script_of_preset(preset) -> str:
     """The example script that trains a preset from scratch (finetune.py for the rest)."""
     from tinymlp import models
 
-    if preset in models.TEXT_PRESETS:
+    if is_text_preset(preset):
         return "train_text_gmlp.py"
     if preset in models.PRESETS:
         return SCRIPTS.get(preset_config(preset)[0].__name__, "finetune.py")
@@ -461,7 +468,7 @@ def script_of_checkpoint(meta) -> str:
     from tinymlp import models
 
     preset, config = meta.get("preset"), meta.get("model_config") or {}
-    if preset in models.TEXT_PRESETS:
+    if is_text_preset(preset):
         return "pretrain_mlm.py" if config.get("lm_head") else "train_text_gmlp.py"
     if preset in models.PRESETS:
         return SCRIPTS.get(preset_config(preset)[0].__name__, "finetune.py")
@@ -709,8 +716,6 @@ def _parameters(preset, config):
 
     config = {k: v for k, v in config.items() if k != "seed"}
     try:
-        if preset in models.TEXT_PRESETS:
-            return int(models.text_num_parameters(preset, **config))
         return int(models.num_parameters(preset, **config))
     except Exception:      # an invalid configuration: the constructor says what is wrong with it
         return None

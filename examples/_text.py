@@ -3,7 +3,7 @@
 
 A text run stores the tokenizer it was trained with inside its checkpoint (its vocabulary, in
 the checkpoint's metadata), and writes it beside ``checkpoint.npz``/``metrics.json``/``curves.png``
-as ``tokenizer.json`` too (plain JSON, ``tinymlp.text.Tokenizer.load``). A resumed run, and
+as ``tokenizer.json`` too (plain JSON, ``tinymlp.data.Tokenizer.load``). A resumed run, and
 fine-tuning from a pretrained checkpoint, take the tokenizer from the checkpoint itself, so a
 checkpoint is never paired with another run's tokenizer and ids always mean the same pieces.
 
@@ -26,8 +26,8 @@ from _common import (
 )
 
 from tinymlp import backend, checkpoint, data, optim, plot
-from tinymlp.models.text import text_config
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
+from tinymlp.models import config as preset_config
 from tinymlp.train import History, evaluate, fit, format_epoch
 
 TOKENIZER = "tokenizer.json"
@@ -191,7 +191,7 @@ def _train(args, prepare, explicit, lm=False):
         raise UsageError(f"--batch-size {args.batch_size} is larger than the training set")
 
     name, config = (meta["preset"], meta["model_config"]) if meta else (job["preset"], job["overrides"])
-    cls, kwargs = text_config(name, **config)
+    cls, kwargs = preset_config(name, **config)
     model = make_model(cls, kwargs, args, explicit, params=_parameters(name, config), tokens=kwargs.get("seq_len"),
                        flags=MODEL_FLAGS)
     if meta is None and job.get("init"):

@@ -26,7 +26,7 @@ import numpy as np
 from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
 
 from tinymlp import data
-from tinymlp.data.text import FILLER
+from tinymlp.data.text_tasks import FILLER
 
 NOUNS = ("film", "actor", "story", "scene", "plot", "music", "ending", "director", "camera", "script")
 ADJECTIVES = ("good", "bad", "long", "short", "funny", "dull", "warm", "cold", "quiet", "loud")

@@ -354,7 +354,7 @@ def test_a_data_path_that_is_a_file_is_named(tmp_path, monkeypatch, no_network):
 
 def test_a_read_only_data_folder_is_named_not_blamed_on_the_network(tmp_path, monkeypatch):
     # CI runs as root, who may write anywhere: the folder's refusal is simulated where the OS gives it
-    from tinymlp.data import cifar
+    from tinymlp import files    # the temporaries of a download are named there
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -363,13 +363,13 @@ def test_a_read_only_data_folder_is_named_not_blamed_on_the_network(tmp_path, mo
     monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
     root = tmp_path / "data"
     root.mkdir()
-    monkeypatch.setattr(cifar.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(files.tempfile, "mkstemp", denied)
     with pytest.raises(DatasetError, match=rf"^cannot write in the data folder {root} \(Permission denied\): "
                                            r"make it writable, or pass another folder") as err:
         CIFAR10(root=root, progress=False)
     assert "network" not in str(err.value) and tree(root) == []
     (root / tiny.spec.filename).write_bytes(tiny.archive.read_bytes())     # the archive is there: unpacking
-    monkeypatch.setattr(cifar.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(files.tempfile, "mkdtemp", denied)
     with pytest.raises(DatasetError, match=rf"cannot unpack {root / tiny.spec.filename}: cannot write in the data folder"):
         CIFAR10(root=root, progress=False)
     assert tree(root) == [tiny.spec.filename]

@@ -20,7 +20,7 @@ import pytest
 
 import tinymlp
 from tinymlp.checkpoint import read_meta
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
 from test_examples import GMLP, MIXER, ROOT, SMOKE, TINY, assert_clean_failure, assert_ok, run
 from test_examples_text import CLS, MLM
 from test_examples_text import TINY as TEXT

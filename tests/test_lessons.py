@@ -338,7 +338,7 @@ def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs
     assert checks.check("12.3", lambda word, vocab: ["[UNK]"]) is False
     assert "yours ['[UNK]']" in capsys.readouterr().out
     # the cases hold a word that must become [UNK] and single characters, known and unknown
-    from tinymlp.text import SPECIAL_TOKENS, Tokenizer
+    from tinymlp.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
     from tinymlp.lessons.exercises import _wordpiece_cases
     from tinymlp.lessons.registry import Case

@@ -16,7 +16,7 @@ from tinymlp.data import (
     SST2, TEXT_ARCHIVES, DatasetError, MaskedLMLoader, OrderTask, PairLookupTask, PairMatchTask, SentencePolarity, TokenLoader,
     get_text_dataset,
 )
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
 
 POS = ["a gorgeous , witty film .", "the best of the year .", "warm and funny ."]
 NEG = ["dull , dull , dull .", "a mess from start to finish .", "it never finds its footing .",

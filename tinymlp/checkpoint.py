@@ -221,41 +221,9 @@ def _write_atomically(path, arrays):
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, f"checkpoint.save: the folder {folder} does not exist "
                                 f"(create it first, e.g. os.makedirs({folder!r}))", folder)
-    _remove_stale_temporaries(folder, os.path.basename(path))
+    files.remove_stale_temporaries(path)      # what a save killed mid-write left
     # a folder, a read-only file or a symbolic link at `path`: refused or said, as for every save
     files.atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **arrays), what="checkpoint.save")
-
-
-def _remove_stale_temporaries(folder, name):
-    """Delete the temporary files of earlier saves to ``name`` that were killed mid-write
-    (``.<name>.<pid>.<random>.tmp`` whose process is gone; those of a save still running elsewhere stay)."""
-    prefix = f".{name}."
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return
-    for entry in entries:
-        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
-            continue
-        parts = entry[len(prefix):-len(".tmp")].split(".")
-        if len(parts) == 2 and parts[0].isdigit():          # <pid>.<random>: this naming
-            pid = int(parts[0])
-            if pid == os.getpid() or _process_alive(pid):
-                continue  # a save still running (in this process's other thread, or elsewhere)
-        elif len(parts) != 1:
-            continue  # the temporary file of another checkpoint (e.g. "<name>.<suffix>")
-        with contextlib.suppress(OSError):  # a killed save's leftover (or one named before the pid was)
-            os.unlink(os.path.join(folder, entry))
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it exists, owned by someone else
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------- loading

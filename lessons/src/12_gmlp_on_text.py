@@ -40,10 +40,10 @@ import numpy as np
 import tinymlp
 from tinymlp import F, gradcheck, nn
 from tinymlp.data import MaskedLMLoader, OrderTask, PairLookupTask, TokenDataset, TokenLoader
-from tinymlp.models.text import TextGMLP, text_num_parameters
+from tinymlp.data.tokenizer import Tokenizer
+from tinymlp.models import TextGMLP, num_parameters as text_num_parameters
 from tinymlp.ops.embedding import Embedding
 from tinymlp.optim import AdamW, param_groups
-from tinymlp.text import Tokenizer
 from tinymlp.train import fit
 from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
 

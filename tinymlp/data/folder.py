@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cifar import DatasetError
+from .archive import DatasetError
 from .loader import ImageDataset
 from .transforms import resize
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cifar import DatasetError
+from .archive import DatasetError
 from .folder import held_out_split
-from .text import TextDataset
+from .text_loader import TextDataset
 
 __all__ = ["read_lines", "read_text_table", "split_text_dataset"]
 

@@ -719,7 +719,7 @@ def _embedding(cls, case):
 
 @exercise("12.2", "mean over the real tokens (masked pooling)", answer="MaskedMean", seed=22,
           section="lesson 12, section 1 (the mean over the real tokens)",
-          reference="tinymlp/models/text.py (TextGMLP: the mean over the real tokens)")
+          reference="tinymlp/models/text_gmlp.py (TextGMLP: the mean over the real tokens)")
 def _masked_mean(cls, case):
     rng = case.rng
     mask = case.pick(np.array([[1, 1, 1, 0, 0, 0],                 # 3 real tokens of 6
@@ -772,7 +772,7 @@ def _masked_mean(cls, case):
 
 def _wordpiece_cases(case):
     """(vocabulary, words) pairs: a small trained one, and one made to show the usual slips."""
-    from ..text import Tokenizer
+    from ..data.tokenizer import Tokenizer
 
     corpus = ["the players were playing a funny film", "an unbelievably long story was told",
               "she plays the piano and he played along", "a story of stories, told and retold"] * 3
@@ -807,10 +807,11 @@ def _wordpiece_hint(got, want):
 
 @exercise("12.3", "WordPiece's greedy longest-match cut", answer="wordpiece",
           section="lesson 12, section 1 (WordPiece's longest-match cut)",
-          reference="tinymlp/text.py (Tokenizer._cut)",
-          forbidden=("tinymlp.text.Tokenizer._cut", "tinymlp.text.Tokenizer.encode", "tinymlp.text.Tokenizer.tokenize"))
+          reference="tinymlp/data/tokenizer.py (Tokenizer._cut)",
+          forbidden=("tinymlp.data.tokenizer.Tokenizer._cut", "tinymlp.data.tokenizer.Tokenizer.encode",
+                     "tinymlp.data.tokenizer.Tokenizer.tokenize"))
 def _wordpiece(wordpiece, case):
-    from ..text import SPECIAL_TOKENS, Tokenizer
+    from ..data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
     for vocab, words in _wordpiece_cases(case):
         tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab - set(SPECIAL_TOKENS)))

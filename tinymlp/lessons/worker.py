@@ -39,7 +39,7 @@ def grade(notebook, label, exercise, seeds) -> dict:
     from .notebook import Notebook
     from .runner import describe_error, reason_of
 
-    import tinymlp.text  # noqa: F401 (every module a check uses is loaded before the snapshot)
+    import tinymlp.data.tokenizer  # noqa: F401 (every module a check uses is loaded before the snapshot)
 
     ex = EXERCISES[exercise]
 

@@ -11,7 +11,7 @@ Three steps turn text into ids:
 1. **Words.** Normalise the text to Unicode NFKC (so that "ﬁ", full-width "Ａ" and a letter
    written with a separate combining accent all read as the usual characters; the vocabulary
    learned and the text cut with it are normalised alike), lowercase it (``lowercase=True``),
-   then split it into words and single punctuation marks (``_words``):
+   then split it into words and single punctuation marks (``split_words``):
    a word is a run of letters, digits, "_" and combining marks, so accents, Devanagari vowel signs
    and viramas stay with their letters; each CJK ideograph is a word of its own, as in BERT's
    basic tokenizer (Chinese is written without spaces; kana and Hangul stay in runs); any other
@@ -47,9 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write
+from ..files import atomic_write
 
-__all__ = ["PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "Tokenizer"]
+__all__ = ["PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "Tokenizer", "split_words"]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)          # ids 0..4, in this order
@@ -96,7 +96,7 @@ class Tokenizer:
     @classmethod
     def train(cls, texts, vocab_size: int = 8000, min_frequency: int = 2, lowercase: bool = True):
         """Learn a vocabulary of at most ``vocab_size`` pieces from ``texts`` (an iterable of str)."""
-        counts = Counter(w for t in texts for w in _words(t, lowercase) if len(w) <= MAX_WORD)
+        counts = Counter(w for t in texts for w in split_words(t, lowercase) if len(w) <= MAX_WORD)
         words = [[w[0]] + [CONTINUE + c for c in w[1:]] for w in counts]   # each word as its characters
         freq = list(counts.values())
         vocab = list(SPECIAL_TOKENS) + sorted({p for w in words for p in w})
@@ -138,7 +138,7 @@ class Tokenizer:
         ``special_tokens=True``: "[MASK]", "[SEP]", ... written in ``text`` are those tokens
         (by default they are ordinary text, so that user text can never forge them)."""
         pieces = []
-        for word in _words(text, self.lowercase, special_tokens):
+        for word in split_words(text, self.lowercase, special_tokens):
             pieces.extend(self._cut(word))
         return pieces
 
@@ -306,7 +306,7 @@ def _pattern(special_tokens):
     return re.compile("|".join(([SPECIAL] if special_tokens else []) + [word, r"[^\w\s]"]))
 
 
-def _words(text, lowercase, special_tokens=False):
+def split_words(text, lowercase, special_tokens=False):
     """``text`` normalised, lowercased and split into words and punctuation marks, each CJK
     ideograph a word of its own."""
     if not isinstance(text, str):
