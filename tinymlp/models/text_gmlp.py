@@ -41,7 +41,7 @@ from ..backend import array_module
 from ..nn import Embedding, LayerNorm, Linear, Module, ModuleList, PositionEmbedding, TiedLMHead, init
 from ..ops import reshape
 from ..tensor import Tensor
-from .gmlp import GMLPBlock, gate_width
+from .gmlp import GMLPBlock
 from .vit import sinusoidal_embedding
 
 __all__ = ["TextGMLP"]
