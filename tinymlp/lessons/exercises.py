@@ -168,7 +168,7 @@ def _neuron(neuron_gradient, case):
 
 @exercise("01.2", "central difference", answer="my_central_difference",
           section="lesson 1, section 3 (finite differences and their Taylor error)",
-          reference="tinymlp/gradcheck.py (Evaluator.central_differences)")
+          reference="tinymlp/gradcheck/method.py (Evaluator.central_differences)")
 def _central(central_difference, case):
     # f(x) = x^3: the central difference is exactly 3x^2 + h^2 (the h^2 f'''/6 term), a one-sided
     # difference 3x^2 + 3xh + h^2
@@ -683,7 +683,7 @@ def _swish(cls, case):
 
 @exercise("10.3", "a layer of your own, gradchecked", answer="(my_layer, layer_inputs)",
           section="lesson 10, section 9 (your own layer)",
-          reference="tinymlp/gradcheck.py (the check itself)")
+          reference="tinymlp/gradcheck/method.py (the check itself)")
 def _own_layer(answer, case):
     if not isinstance(answer, tuple) or len(answer) != 2:
         raise Wrong("pass a pair (fn, inputs): the function (or Module) and the inputs to check it at")

@@ -38,7 +38,7 @@ This file is the method, top to bottom. ``help(tinymlp.gradcheck)`` says how to 
    fails, INCONCLUSIVE if at least half of its checks are unverified, NONDIFF if its only
    failures sit on a kink (ReLU at 0: reported, not a failure unless ``strict_kinks``), else ok.
 
-Around the method (``tinymlp/_gradcheck/``): ``plan.py`` names and copies what is checked;
+Around the method (beside it in ``tinymlp/gradcheck/``): ``plan.py`` names and copies what is checked;
 ``checks.py`` verifies that the forward can be differentiated at all (deterministic, float64
 throughout, inputs unmodified) and that backward is linear in ``g``, samples large tensors, and
 asks whether a failing numerical estimate can be trusted (kinks, eps, lost precision);
@@ -49,19 +49,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._gradcheck import checks
-from ._gradcheck.diagnose import diagnose, diagnose_across, explain_engine_error
-from ._gradcheck.plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
-from ._gradcheck.report import (  # noqa: F401 (re-exported)
-    FAIL, HINT_KINDS, NONDIFF, PASS, PROBLEM_KINDS, UNVERIFIED,
-    ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult,
-)
-from .autograd import no_grad
-from .backend import device_of, is_float_dtype, to_device
-from .tensor import Tensor
+from ..autograd import no_grad
+from ..backend import device_of, is_float_dtype, to_device
+from ..tensor import Tensor
+from . import checks
+from .diagnose import diagnose, diagnose_across, explain_engine_error
+from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
+from .report import FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult
 
-__all__ = ["HINT_KINDS", "GradcheckError", "GradcheckReport", "TensorResult", "ElementCheck",
-           "gradcheck", "numerical_grad"]
+__all__ = ["gradcheck", "numerical_grad"]
 
 # Per check dtype: (eps, rtol, atol floor).
 DEFAULTS = {

@@ -1,6 +1,6 @@
 """The result of a gradient check: the data it is made of and how it is printed.
 
-``gradcheck`` (in ``tinymlp/gradcheck.py``) fills in one ``TensorResult`` per checked tensor
+``gradcheck`` (in ``tinymlp/gradcheck/method.py``) fills in one ``TensorResult`` per checked tensor
 and wraps them in a ``GradcheckReport``; ``str(report)`` is the text described under "Reading a
 report" in the docstring of the function ``tinymlp.gradcheck``.
 """
@@ -26,7 +26,7 @@ PROBLEM_KINDS = (
 """Problems with the forward function as a whole, found before any gradient is compared."""
 
 
-# Statuses of one compared value (see the three-way rule in tinymlp/gradcheck.py).
+# Statuses of one compared value (see the three-way rule in tinymlp/gradcheck/method.py).
 PASS, FAIL, UNVERIFIED, NONDIFF = "PASS", "FAIL", "UNVERIFIED", "NONDIFF"
 
 

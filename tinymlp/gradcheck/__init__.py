@@ -1,0 +1,24 @@
+"""Gradient checking, the way students check their layers: ``tinymlp.gradcheck(fn, inputs)``.
+
+    from tinymlp import gradcheck
+    gradcheck(my_layer, (x,))           # checks dL/dx and every parameter of my_layer
+
+``method.py`` is the method, top to bottom (the file to read); around it:
+
+* ``plan.py``: what to check: names, float64 working copies, parameters swapped in and out;
+* ``checks.py``: the forward and backward sanity checks, sampled mode, kinks and stability;
+* ``diagnose.py``: what failing elements have in common and the bug that usually causes it;
+* ``report.py``: ``GradcheckReport`` / ``GradcheckError`` and the report's text.
+
+``tinymlp.gradcheck`` is the function: ``import tinymlp`` binds that name to it, over this
+package, as ``torch.autograd.gradcheck`` is a function beside the module of the same name.
+Import the package's parts with ``from``: ``from tinymlp.gradcheck.report import TensorResult``
+(``import tinymlp.gradcheck.report as r`` walks the attribute ``tinymlp.gradcheck``, which is
+the function, and fails); the names below can also be imported from ``tinymlp.gradcheck``.
+"""
+
+from .method import gradcheck, numerical_grad
+from .report import HINT_KINDS, PROBLEM_KINDS, ElementCheck, GradcheckError, GradcheckReport, TensorResult
+
+__all__ = ["HINT_KINDS", "PROBLEM_KINDS", "ElementCheck", "GradcheckError", "GradcheckReport", "TensorResult",
+           "gradcheck", "numerical_grad"]
