@@ -26,13 +26,15 @@ vision_transformer configs): SGD with momentum 0.9, no weight decay, gradient cl
 norm 1, a short linear warmup, then cosine decay. Their runs are 10,000 steps of batch 512
 (about 100 CIFAR epochs) at lr 0.03 (swept over 0.001-0.03); the defaults here are a shorter
 run at batch 128 and lr 0.01. Everything else (flags, outputs, checkpoints, --resume) is
-shared with the CIFAR training scripts: see examples/_common.py.
+shared with the CIFAR training scripts: see examples/image_recipe.py.
 """
 
 import sys
 from pathlib import Path
 
-from _common import UsageError, _model_class, main, make_parser
+from cli import UsageError, make_parser
+from image_recipe import main
+from run_files import model_class
 
 from tinymlp import checkpoint, interop, models
 
@@ -131,7 +133,7 @@ def _normalization_of(source):
 def _resume_file(args):
     if args.resume is None:
         return None
-    if args.resume == "auto":   # the folder _common.py resumes from
+    if args.resume == "auto":   # the folder image_recipe.run resumes from
         out = args.out or (Path("runs") / f"finetune_{Path(args.pretrained).stem}" if args.pretrained else None)
         path = Path(out) / "checkpoint.npz" if out else None
     else:
@@ -152,7 +154,7 @@ def _resumed_class(args):
     except Exception:
         return None              # the shared code reports an unreadable checkpoint
     try:
-        return _model_class(name) if name else None     # only a class of tinymlp.models, never another name
+        return model_class(name) if name else None     # only a class of tinymlp.models, never another name
     except UsageError:
         return None
 

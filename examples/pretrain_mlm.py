@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
+from cli import UsageError
+from text_recipe import add_file_flags, csv_datasets, main, text_parser, tokenizer_for
 
 from tinymlp import data
 from tinymlp.data.text_tasks import FILLER
@@ -113,4 +114,4 @@ def prepare(args, out, meta, preset, overrides):
 
 
 if __name__ == "__main__":
-    sys.exit(run(build_parser(), prepare, lm=True))
+    sys.exit(main(build_parser(), prepare, lm=True))

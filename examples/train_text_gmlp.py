@@ -7,11 +7,12 @@
     python examples/train_text_gmlp.py --dataset csv --train-file reviews.csv --text-column text --label-column label
 
 The model is the "gmlp_text_split" preset (C = 128, 6 blocks, d_ffn = 768, S = 128 tokens, mean
-pooling over the real tokens; models/text.py); a WordPiece tokenizer is trained on the training
-sentences (--vocab-size pieces), stored in the checkpoint and saved as tokenizer.json beside it.
+pooling over the real tokens; tinymlp/models/text_gmlp.py); a WordPiece tokenizer is trained on
+the training sentences (--vocab-size pieces), stored in the checkpoint and saved as tokenizer.json
+beside it.
 ``--pretrained`` starts from a masked-LM checkpoint of examples/pretrain_mlm.py: its architecture,
 its tokenizer and its weights; the classification head is new. Outputs and resume as the CIFAR
-examples (examples/_common.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
+examples (examples/run_files.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
 The polarity data has no official test split: 10% of each class, chosen by a fixed seed, is held out.
 Your own data: ``--dataset csv --train-file F [--test-file F]`` (CSV or TSV with a header line;
 ``--text-column``, ``--label-column``, ``--pair-column`` for sentence pairs); without a test file,
@@ -24,7 +25,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
+from cli import UsageError
+from text_recipe import add_file_flags, csv_datasets, main, text_parser, tokenizer_for
 
 from tinymlp import checkpoint, data
 from tinymlp.checkpoint import CheckpointError
@@ -112,4 +114,4 @@ def prepare(args, out, meta, preset, overrides):
 
 
 if __name__ == "__main__":
-    sys.exit(run(build_parser(), prepare))
+    sys.exit(main(build_parser(), prepare))

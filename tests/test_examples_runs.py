@@ -196,9 +196,10 @@ def test_progress_is_on_in_a_notebook(monkeypatch):
 @pytest.mark.parametrize("name", ["create", "config", "__builtins__", "os", 3])
 def test_a_model_class_named_by_a_checkpoint_is_only_a_tinymlp_model(monkeypatch, name):
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    import _common
+    import cli
+    import run_files
 
-    with pytest.raises(_common.UsageError, match="not one of tinymlp.models"):
-        _common._architecture({"preset": "finetune_x", "model_class": name, "model_config": {}})
-    assert _common._architecture({"preset": "finetune_x", "model_class": "ViT", "model_config": {}})[0] \
+    with pytest.raises(cli.UsageError, match="not one of tinymlp.models"):
+        run_files.architecture({"preset": "finetune_x", "model_class": name, "model_config": {}})
+    assert run_files.architecture({"preset": "finetune_x", "model_class": "ViT", "model_config": {}})[0] \
         is tinymlp.models.ViT

@@ -55,7 +55,9 @@ from ..tensor import Tensor
 from . import checks
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
-from .report import FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult
+from .report import (
+    FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult,
+)
 
 __all__ = ["gradcheck", "numerical_grad"]
 
