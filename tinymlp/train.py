@@ -76,8 +76,8 @@ class History:
     warmup_time: list = field(default_factory=list)
 
     OPTIONAL = ("warmup_time",)
-    """Fields that ``append`` and ``from_dict`` fill with None when left out (histories written
-    before they existed)."""
+    """Fields that ``append`` and ``from_dict`` fill with None when left out (a saved history
+    without them)."""
 
     def __len__(self) -> int:
         return len(self.epoch)
