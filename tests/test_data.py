@@ -512,7 +512,8 @@ def test_loader_is_deterministic_given_a_seed():
     # each epoch is a permutation of the whole set, and the two epochs differ
     epoch1, epoch2 = np.concatenate([y for _, y in first[:5]]), np.concatenate([y for _, y in first[5:]])
     np.testing.assert_array_equal(np.sort(epoch1), np.sort(ds.labels))
-    assert not np.array_equal(first[0][0], first[5][0])
+    np.testing.assert_array_equal(np.sort(epoch2), np.sort(ds.labels))
+    assert not np.array_equal(epoch1, epoch2) and not np.array_equal(first[0][0], first[5][0])
 
 
 def test_loader_accepts_any_indexable_dataset():

@@ -13,7 +13,6 @@ in-process so that the interruption can come at a chosen moment (after epoch 1's
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

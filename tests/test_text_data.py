@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tinymlp.data import (
-    SST2, TEXT_ARCHIVES, DatasetError, MaskedLMLoader, OrderTask, PairLookupTask, PairMatchTask, SentencePolarity, TokenLoader,
+    SST2, TEXT_ARCHIVES, DatasetError, MaskedLMLoader, OrderTask, PairLookupTask, SentencePolarity, TokenLoader,
     get_text_dataset,
 )
 from tinymlp.data.tokenizer import Tokenizer
