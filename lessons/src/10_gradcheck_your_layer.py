@@ -36,7 +36,7 @@ import numpy as np
 import tinymlp
 from tinymlp import F, Function, GradcheckError, gradcheck, nn
 from tinymlp.backend import array_module
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 lesson_start = time.perf_counter()

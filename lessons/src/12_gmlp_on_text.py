@@ -45,7 +45,7 @@ from tinymlp.ops.embedding import Embedding
 from tinymlp.optim import AdamW, param_groups
 from tinymlp.text import Tokenizer
 from tinymlp.train import fit
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 lesson_start = time.perf_counter()
 
