@@ -8,9 +8,10 @@ done the exercise. Inside a ``Guard``:
 * the library code of the exercise (``Exercise.forbidden``: the reference Function and every
   class of tinymlp derived from it, the helpers behind it), numerical differentiation (every
   function of ``tinymlp.gradcheck``, ``tinymlp._gradcheck``, ``tinymlp.testing``) and, in the
-  answer's own process, the whole fast tier, are unavailable: their functions' code is
-  replaced, so that whoever calls them (any class, any thread, any saved reference) gets
-  ``Forbidden`` with a sentence that says what was called and why it is not allowed;
+  answer's own process, the fast tier's implementations (``tinymlp/fast/<topic>.py``), are
+  unavailable: their functions' code is replaced, so that whoever calls them (any class, any
+  thread, any saved reference) gets ``Forbidden`` with a sentence that says what was called and
+  why it is not allowed;
 * the autograd engine is refused to the answer: ``Tensor.backward`` anywhere in its code, and any
   tinymlp op (``Function.apply``) or its own forward inside its backward (backward works on the
   arrays forward saved; re-running forward at nearby points is a finite difference);
@@ -206,8 +207,9 @@ class Guard:
                 self.forbidden.append((fn, f"the answer calls {module.__name__}'s {fn.__qualname__} (numerical "
                                            "differentiation): derive the gradient by hand instead of estimating it"))
         if process:
+            # the fast tier's implementations (its package, which switches the tier, stays available)
             fast = [m for name, m in list(sys.modules.items())
-                    if isinstance(m, types.ModuleType) and (name == "tinymlp.fast" or name.startswith("tinymlp.fast."))]
+                    if isinstance(m, types.ModuleType) and name.startswith("tinymlp.fast.")]
             for module in fast:
                 for fn in _module_functions(module):
                     self.forbidden.append((fn, f"the answer calls {module.__name__}.{fn.__qualname__}, the library's "
