@@ -562,11 +562,13 @@ def test_an_error_inside_backward_in_the_notebook_names_its_cell(tmp_path, env):
 
 def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
     from tinymlp.lessons import EXERCISES
+    from tinymlp.lessons.guard import Guard
 
     for ex in EXERCISES.values():
         assert ex.section.startswith(f"lesson {int(ex.lesson)}, section"), ex.id
         path = ex.reference.split(" ")[0]
         assert (ROOT / path).is_file(), (ex.id, path)
+        assert len(Guard(ex).forbidden) >= len(ex.forbidden), ex.id   # every forbidden name still resolves
 
 
 # ------------------------------------------------------------------------------ outside the repository

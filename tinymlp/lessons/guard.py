@@ -69,6 +69,7 @@ def resolve(dotted):
 
 
 # ------------------------------------------------------------------------------ code by content
+@functools.lru_cache(maxsize=None)
 def fingerprint(code) -> str:
     """What a code object does, independent of its file, line numbers, docstring and local names:
     a hash of its instructions with their names and constants (nested code by its fingerprint)."""
@@ -116,6 +117,7 @@ def _codes(code):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _size(code):
     return sum(1 for ins in dis.get_instructions(code) if ins.opname not in ("CACHE", "RESUME", "NOP"))
 
