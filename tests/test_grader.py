@@ -432,6 +432,19 @@ dx = tinymlp.fast.norm.FastLayerNorm.backward(ctx, grad)[0]
 def mixer_block_parameters(S, C, D_S, D_C):
     return eval("2 * (2 * C)")
 """, "uses eval"),
+    # a name built at run time, the built-ins reached by name, a module reached through tinymlp's own
+    "a name built at run time": ("04.1", ln_with("""
+getattr(tinymlp.autograd.threading, "set" + "trace")(None)
+dx = 0 * x
+"""), "attribute name built at run time"),
+    "__builtins__": ("06.1", """
+def mixer_block_parameters(S, C, D_S, D_C):
+    return __builtins__["ev" + "al"]("2 * (2 * C)")
+""", "uses __builtins__"),
+    "a module reached through tinymlp's": ("04.1", ln_with("""
+tinymlp.lessons.guard.sys.settrace(None)
+dx = 0 * x
+"""), "uses .settrace"),
 }
 
 

@@ -76,8 +76,8 @@ class _State:
     busy = False  # inside the hook (it must not see its own events)
 
 
-def _readable_folders(extra):
-    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, *extra}
+def _readable_folders():
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix}
     folders |= {p for p in sysconfig.get_paths().values() if p}
     for name in ("numpy", "tinymlp", "matplotlib", "scipy", "numba", "llvmlite", "IPython"):
         module = sys.modules.get(name)
@@ -92,17 +92,17 @@ def _readable_folders(extra):
                                                                        "/sys/devices/system/cpu/")
 
 
-def confine(*, answer_files, allowed_code, workdir, memory_bytes=4 << 30):
+def confine(*, answer_files, allowed_code, memory_bytes=4 << 30):
     """Set the barriers (see the module docstring); returns ``begin()``, which makes them apply
     from the moment the answer's code is about to run.
 
     ``answer_files``: the file names the answer's code is compiled with (``<alice/04.ipynb,
     cell 7>``); ``allowed_code``: ids of the code objects the worker itself compiled and will
-    execute; ``workdir``: the process's own scratch folder (readable).
+    execute.
     """
     state = _State()
     tinymlp_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    readable = _readable_folders([workdir])
+    readable = _readable_folders()
     answer_files = frozenset(answer_files)
     allowed_code = frozenset(allowed_code)
     getframe = sys._getframe

@@ -20,9 +20,11 @@ return in time ends the process (``AnswerTimeout``); an error in the answer come
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import os
+import subprocess
 import time
 
 import numpy as np
@@ -60,7 +62,6 @@ class _Zygote:
 
     def __init__(self):
         import socket
-        import subprocess
         import sys
 
         if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
@@ -124,8 +125,13 @@ class _Zygote:
         return struct.unpack("<Q", reply)[0]
 
     def close(self):
+        """End the zygote: it leaves when its socket closes."""
         self.socket.close()
-        self.process.wait(5)
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 _ZYGOTE = None
@@ -135,6 +141,7 @@ def _zygote():
     global _ZYGOTE
     if _ZYGOTE is None or not _ZYGOTE.alive():
         _ZYGOTE = _Zygote()
+        atexit.register(_ZYGOTE.close)
     return _ZYGOTE
 
 

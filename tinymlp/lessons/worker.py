@@ -5,7 +5,7 @@ which exercise, the library code it makes unavailable, and the answer's program:
 cells and the statements of them that define the answer (``notebook.py``), and the answer's
 expression. Before any of the student's code runs, the process
 
-1. sends its output to /dev/null and works in a scratch folder of its own;
+1. sends its output to /dev/null and works in the root folder (no folder of anyone's);
 2. loads tinymlp's modules (never the checks: they hold the references), and makes the
    exercise's library code, numerical differentiation and the fast tier unavailable (``guard.py``);
 3. compiles the program's statements, then confines itself (``confine.py``): no files written,
@@ -37,7 +37,6 @@ import linecache
 import os
 import pkgutil
 import sys
-import tempfile
 
 import numpy as np
 
@@ -113,8 +112,7 @@ def serve(job, requests, replies):
     """Run the answer of ``job`` and serve the grader's requests (see the module docstring);
     ``requests`` and ``replies`` are the file descriptors of the two pipes."""
     _quiet()
-    workdir = tempfile.mkdtemp(prefix="tinymlp-answer-")
-    os.chdir(workdir)
+    os.chdir(os.sep)  # no folder of the grader's or the student's: relative paths lead nowhere
     _load_library()
     from .confine import confine
     from .guard import Guard
@@ -123,8 +121,7 @@ def serve(job, requests, replies):
     guard.__enter__()
     server = _Server(guard, requests, replies)
     statements, answer_code, files = _compile(job)
-    begin = confine(answer_files=files, allowed_code=[id(c) for c in statements] + [id(answer_code)],
-                    workdir=workdir)
+    begin = confine(answer_files=files, allowed_code=[id(c) for c in statements] + [id(answer_code)])
     begin()
     server.run_program(statements, answer_code)
     server.loop()
