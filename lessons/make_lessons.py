@@ -22,7 +22,7 @@ Exercises. An answer in a code cell sits between two marker lines,
     dx = r * (g - g.mean(axis=-1, keepdims=True) - ...)
     # END SOLUTION
 
-and the exercise id (lesson.number) names its check in ``lessons/checks.py``. Two builds are
+and the exercise id (lesson.number) names its check in ``tinymlp/lessons/checks/``. Two builds are
 written from every source: the *worked* notebook ``lessons/NN_name.ipynb`` keeps the answers
 (without the marker lines), the *student* notebook ``lessons/exercises/NN_name.ipynb`` replaces
 each answer by a stub at the marker's indentation: ``raise NotImplementedError("exercise 04.2")``,

@@ -42,7 +42,7 @@ def _ids(paths):
 
 
 def _load(name, path):
-    """Import a file of lessons/ as a module (once; checks.py registers itself as ``checks``)."""
+    """Import a file of lessons/ as a module (once)."""
     known = sys.modules.get(name)
     if known is not None and pathlib.Path(getattr(known, "__file__", "")).resolve() == path.resolve():
         return known
@@ -188,15 +188,12 @@ def test_autograder_grades_past_a_cell_that_raises(tmp_path, kernel_env, checks)
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook(cells=[
-        new_code_cell("from checks import check"),                             # the old import still works
+        new_code_cell("from tinymlp.lessons import check"),
         new_code_cell("1 / 0"),                                                # a student's stray cell
         new_code_cell("check('02.3', lambda grad, shape: grad)"),               # wrong: never sums
     ])
     path = tmp_path / "02_submission.ipynb"
     nbformat.write(nb, path)
-    shim = tmp_path / "checks.py"                                            # as in lessons/exercises/
-    shim.write_text((EXERCISES / "checks.py").read_text().replace(
-        'pathlib.Path(__file__).resolve().parent.parent / "checks.py"', repr(str(LESSONS / "checks.py"))))
     graded = _grade(path)
     assert any("ZeroDivisionError" in e for e in graded.errors)
     assert {r.exercise: r.status for r in graded.rows} == {"02.1": "not done", "02.2": "not done", "02.3": "FAILED"}
@@ -340,11 +337,11 @@ def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs
     # the cases hold a word that must become [UNK] and single characters, known and unknown
     from tinymlp.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
-    from tinymlp.lessons.exercises import _wordpiece_cases
+    from tinymlp.lessons.checks.lesson12_gmlp_on_text import wordpiece_cases
     from tinymlp.lessons.registry import Case
 
     cuts = []
-    for vocab, words in _wordpiece_cases(Case(0)):
+    for vocab, words in wordpiece_cases(Case(0)):
         tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab))
         cuts += [(w, tok._cut(w)) for w in words]
     assert any(len(w) > 1 and cut == ["[UNK]"] for w, cut in cuts)
@@ -360,7 +357,7 @@ def test_exercises_are_registered_numbered_and_enough(checks, make_lessons):
         text = src.read_text()
         for ex_id in dict.fromkeys(ids):
             assert ex_id.startswith(src.name[:2] + "."), f"{src.name}: exercise {ex_id} belongs to another lesson"
-            assert ex_id in checks.EXERCISES, f"{src.name}: exercise {ex_id} has no check in lessons/checks.py"
+            assert ex_id in checks.EXERCISES, f"{src.name}: exercise {ex_id} has no check in tinymlp/lessons/checks/"
             assert re.search(rf"check\(\s*\"{re.escape(ex_id)}\"", text), f"{src.name}: exercise {ex_id} is never checked"
             assert ex_id not in seen, f"exercise {ex_id} in {src.name} and {seen[ex_id]}"
             seen[ex_id] = src.name

@@ -23,7 +23,7 @@
 # `tinymlp.gradcheck`.
 #
 # **In tinymlp:** `tinymlp/ops/linear.py` and `tinymlp/ops/activation.py` hold the real ops
-# (with the same derivations in their docstrings); `tinymlp/gradcheck.py` is the checker.
+# (with the same derivations in their docstrings); `tinymlp/gradcheck/method.py` is the checker.
 
 # %%
 import math
@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 
 import tinymlp
 from tinymlp import F, Function, GradcheckError, array_module, gradcheck, tensor
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 

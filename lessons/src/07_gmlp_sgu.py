@@ -50,7 +50,7 @@ from tinymlp.models import GMLP, GMLPBlock, num_parameters
 from tinymlp.optim import AdamW
 from tinymlp.plot import spatial_weights
 from tinymlp.train import fit
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 lesson_start = time.perf_counter()

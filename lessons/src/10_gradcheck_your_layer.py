@@ -22,7 +22,7 @@
 # **Exercises:** 10.1 (RMSNorm backward), 10.2 (Swish backward), 10.3 (a layer of your own,
 # with its gradcheck).
 #
-# **In tinymlp:** `tinymlp/autograd.py` (the `Function` contract), `tinymlp/gradcheck.py` (the
+# **In tinymlp:** `tinymlp/autograd.py` (the `Function` contract), `tinymlp/gradcheck/method.py` (the
 # checker; its docstring section "Reading the report" is the reference for this lesson),
 # `tinymlp/ops/norm.py` (LayerNorm, whose backward is RMSNorm's plus one term), and
 # `tinymlp/testing.py` (`assert_grads`, the same check inside a pytest test).
@@ -36,7 +36,7 @@ import numpy as np
 import tinymlp
 from tinymlp import F, Function, GradcheckError, gradcheck, nn
 from tinymlp.backend import array_module
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 lesson_start = time.perf_counter()
