@@ -18,7 +18,10 @@ the function, and fails); the names below can also be imported from ``tinymlp.gr
 """
 
 from .method import gradcheck, numerical_grad
-from .report import HINT_KINDS, PROBLEM_KINDS, ElementCheck, GradcheckError, GradcheckReport, TensorResult
+from .report import (
+    HINT_KINDS, PROBLEM_KINDS, WARNING_KINDS, ElementCheck, GradcheckError, GradcheckReport, GradcheckWarning,
+    TensorResult,
+)
 
-__all__ = ["HINT_KINDS", "PROBLEM_KINDS", "ElementCheck", "GradcheckError", "GradcheckReport", "TensorResult",
-           "gradcheck", "numerical_grad"]
+__all__ = ["HINT_KINDS", "PROBLEM_KINDS", "WARNING_KINDS", "ElementCheck", "GradcheckError", "GradcheckReport",
+           "GradcheckWarning", "TensorResult", "gradcheck", "numerical_grad"]

@@ -52,7 +52,7 @@ import numpy as np
 from ..autograd import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
-from . import checks
+from . import checks, state
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
 from .report import (
@@ -134,6 +134,8 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
     try:
         plan.swap_in()
         run.problems += checks.check_forward(run, make_upstream)
+        if not run.problems:
+            run.problems += state.forward_state(run)
         if not run.problems:
             results = check_gradients(run)
     except checks.Fatal as fatal:
@@ -287,6 +289,8 @@ def check_gradients(run) -> dict:
     checks.backward_left_inputs_alone(run)
     if not errors:
         run.problems += checks.backward_in_place(run)
+    if not errors and not run.problems:
+        run.problems += state.saved_state(run, grads)
     results = {}
     for k, c in enumerate(run.checked):
         result = results[c.name] = TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype)
