@@ -47,16 +47,20 @@ asks whether a failing numerical estimate can be trusted (kinks, eps, lost preci
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..autograd import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
 from . import checks, state
+from .degenerate import degenerate_inputs
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
 from .report import (
-    FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult,
+    FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, GradcheckWarning, Settings,
+    TensorResult,
 )
 
 __all__ = ["gradcheck", "numerical_grad"]
@@ -148,10 +152,14 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
     if not settings.restored:
         run.problems.append(("not_restored", "an input or parameter was not restored bit for bit"))
 
-    report = GradcheckReport(describe(fn), results, run.problems, settings,
-                             strict=strict, strict_kinks=strict_kinks)
+    report = GradcheckReport(describe(fn), results, run.problems, settings, strict=strict,
+                             strict_kinks=strict_kinks, warnings=degenerate_inputs(plan))
     if raise_on_fail and not report.passed:
         raise GradcheckError(report)
+    if report.passed:  # a pass at a point where some bugs cannot show must not be silent
+        for kind, message in report.warnings:
+            warnings.warn(GradcheckWarning(f"gradcheck passed for {report.title}, but ({kind}) {message}"),
+                          stacklevel=2)
     return report
 
 
