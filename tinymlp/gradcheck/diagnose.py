@@ -35,7 +35,7 @@ def diagnose(run, c, result, checks, missing, linear):
     if not linear and result.verdict != "FAIL":  # backward(2g) != 2 backward(g) is a failure in itself
         result.verdict = "FAIL"
         result.worst = [ch for ch in result.worst if ch.status == FAIL]
-    if result.hint_kind == "low_precision":  # checks.lost_precision has said it all
+    if result.hint_kind in ("low_precision", "precision_loss"):  # checks.lost_precision or precision.py said it
         return
     if result.verdict == "NONDIFF":
         _explain_kink(run, c, result)

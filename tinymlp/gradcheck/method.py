@@ -54,7 +54,7 @@ import numpy as np
 from ..autograd import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
-from . import checks, state
+from . import checks, precision, state
 from .degenerate import degenerate_inputs
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
@@ -132,6 +132,7 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
                                   kwargs=kwargs, seed=seed)
     run = checks.Run(plan, settings, Evaluator(fn, plan.args, dict(kwargs or {}), before_forward, plan.xp),
                      seed, upstream=upstream, n_coords=n_coords, n_proj=n_proj, topk=topk)
+    run.replan = lambda check_dtype: collect(fn, inputs, params, wrt, exclude, names, check_dtype)  # other dtypes
 
     # 2. The forward as a whole (and g), 3.-4. every tensor: backward, central differences, compare.
     results = {}
@@ -146,6 +147,9 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
         run.problems.append((fatal.kind, fatal.message))
     finally:
         plan.swap_out()
+    warned = degenerate_inputs(plan)
+    if results and not run.problems:  # the layer's own float32 backward against its float64 one
+        warned += precision.float32_backward(run, results)
     if not results:  # the gradients could not be compared
         results = {c.name: checks.unchecked_result(c, run.problems) for c in plan.checked}
     settings.restored = plan.originals_unchanged() and run.working_restored
@@ -153,7 +157,7 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
         run.problems.append(("not_restored", "an input or parameter was not restored bit for bit"))
 
     report = GradcheckReport(describe(fn), results, run.problems, settings, strict=strict,
-                             strict_kinks=strict_kinks, warnings=degenerate_inputs(plan))
+                             strict_kinks=strict_kinks, warnings=warned)
     if raise_on_fail and not report.passed:
         raise GradcheckError(report)
     if report.passed:  # a pass at a point where some bugs cannot show must not be silent
@@ -314,6 +318,7 @@ def check_gradients(run) -> dict:
         if result.n_fail:  # can the numerical side be trusted?
             result.trust = checks.stability(run, c, elements)
             checks.lost_precision(run, c, result, elements, classify)
+            precision.float32_failure(run, c, result, elements, classify)
         diagnose(run, c, result, elements, missing, linear)
     diagnose_across(run, results)
     checks.name_sources(run, results)
