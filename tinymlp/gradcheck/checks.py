@@ -564,7 +564,7 @@ def unchecked_result(c, problems):
     short = {"mutated_input": "forward modifies its input in place", "downcast": "forward returns float32",
              "nondeterministic": "forward is random or stateful", "no_output": "fn returns no float Tensor",
              "unpromoted_tensor": "fn uses a tensor that requires grad without being an input",
-             }.get(kind, "the forward cannot be checked")
+             "stateful": "forward keeps state from call to call"}.get(kind, "the forward cannot be checked")
     return TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype, verdict="INCONCLUSIVE",
                         hint=f"not checked: {short} (PROBLEM ({kind}) above)" if kind else "not checked")
 

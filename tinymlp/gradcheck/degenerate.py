@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tensor import Tensor
 from .plan import host
 
 
@@ -26,7 +27,7 @@ def degenerate_inputs(plan) -> list:
     named = [(c.name, c.kind, c.snapshot) for c in plan.checked]
     checked = {id(c.tensor) for c in plan.checked}
     for name, arg in zip(plan.input_names, plan.args):
-        data = getattr(arg, "data", arg)
+        data = arg.data if isinstance(arg, Tensor) else arg
         if id(arg) not in checked and hasattr(data, "dtype") and data.dtype.kind == "f" and data.size:
             named.append((name, "constant", host(data)))
     warnings = []
