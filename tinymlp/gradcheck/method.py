@@ -42,7 +42,11 @@ Around the method (beside it in ``tinymlp/gradcheck/``): ``plan.py`` names and c
 ``checks.py`` verifies that the forward can be differentiated at all (deterministic, float64
 throughout, inputs unmodified) and that backward is linear in ``g``, samples large tensors, and
 asks whether a failing numerical estimate can be trusted (kinks, eps, lost precision);
-``diagnose.py`` writes the ``pattern`` / ``likely`` lines; ``report.py`` the report itself.
+``state.py`` calls forward on other inputs in between (state kept from call to call, a saved
+buffer the next call overwrites); ``precision.py`` runs a float32 layer's backward in float32
+too; ``degenerate.py`` warns of inputs where whole classes of bugs cannot show; ``diagnose.py``
+(with ``hints.py`` and ``rows.py``) writes the ``pattern`` / ``likely`` lines; ``report.py`` the
+report itself.
 """
 
 from __future__ import annotations
@@ -102,8 +106,12 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
 
     Reading a report (``print(report)`` or ``report.summary()``):
 
-    * the header: the settings (mode, check dtype, eps, tolerances, noise floor, seed), and any
-      ``PROBLEM`` with the forward as a whole (random, downcast to float32, modified an input);
+    * the header: the settings (mode, check dtype, eps, tolerances, noise floor, seed), any
+      ``PROBLEM`` with the forward as a whole (random, stateful, downcast to float32, modified an
+      input, a saved array the next call overwrites), and any ``warning``: inputs where a whole
+      class of bugs cannot show (all ones or zeros, a batch of one, whole numbers), or a float32
+      backward that loses precision. Warnings do not fail the check; a passing check also issues
+      them as ``GradcheckWarning``s;
     * a table, one row per checked tensor: elements checked (in sampled mode, "64 of 100000"),
       how many fail or are only unverified, the largest errors, and a verdict;
     * for each tensor that is not ok: its worst elements (index, numerical, analytical, both
