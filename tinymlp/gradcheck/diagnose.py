@@ -11,8 +11,11 @@ failing elements have in common, most specific clue first:
 * only some elements are off, by one factor: which ones (where the input is positive, which
   rows), and that the others are right;
 * the analytical gradient is the numerical one transposed, or another tensor's (swapped);
+* a factor equal to an input's value, per element or per row; failing rows that are the ids an
+  integer input repeats; a backward right on each row alone but wrong in the batch (``hints.py``);
 * every element fails without a simple pattern: what is still known (signs, correlation, the
-  range of a / n, an error proportional to an input times g).
+  range of a / n, an error proportional to an input times g, an error shaped by a reduction
+  over each row or over the wrong axis: ``rows.py``).
 
 ``explain_engine_error`` does the same for a gradient the engine rejected outright (wrong
 shape or dtype: a transpose, a broadcast input whose gradient was not summed).
@@ -29,7 +32,7 @@ import numpy as np
 from ..backend import to_device
 from . import hints
 from .report import FAIL, PASS
-from .rows import row_hint
+from .rows import row_hint, wrong_axis
 
 
 def diagnose(run, c, result, checks, missing, linear):
@@ -240,7 +243,7 @@ def _still_known(run, c, result, elements):
         result.hint = (f"the error is proportional to an input: backward has a term {exact} too many "
                        "(or with the wrong sign or factor); compare that term with the derivation")
         return
-    if row_hint(run, c, result):
+    if row_hint(run, c, result) or wrong_axis(run, c, result):
         return
     if one_sign is not None:
         label, lo, hi = one_sign
@@ -257,8 +260,9 @@ def _still_known(run, c, result, elements):
     elif corr is not None and corr < -0.5:
         result.hint = "mostly the opposite sign: the main term of the derivative has the wrong sign"
     else:
-        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved "
-                       "value, or the gradients of two inputs returned in the wrong order")
+        two = any(o is not c and o.tensor.shape == c.tensor.shape for o in run.checked)
+        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved value"
+                       + (", or the gradients of two inputs returned in the wrong order" if two else ""))
 
 
 def _error_against_inputs(run, c, elements, err):

@@ -3,7 +3,10 @@
 A normalisation's backward has terms that reduce over each row (a mean of g, an inner product
 of g with the row). When one of them is wrong, the error a - n has, in every row along one axis,
 one of three shapes: a constant (``row_constant``), the row of the input itself times a
-coefficient (``row_multiple``), or a + b x_hat, x_hat the centred row (``row_terms``).
+coefficient (``row_multiple``), or a + b x_hat, x_hat the centred row (``row_terms``). A sum
+taken over the wrong axis (softmax's (g * p).sum(axis=0) where axis=-1 belongs) leaves another
+shape: the error divided by the output is one term per row plus one term per column
+(``wrong_axis``).
 
 That structure is said for any layer. A formula is named only for the op that forward *is*:
 ``known_normalisation`` compares forward's output with the LayerNorm, RMSNorm and L2
@@ -138,3 +141,39 @@ def row_hint(run, c, result):
         result.pattern += f"; forward is the {op} of {c.name!r} along axis {axis}"
     result.hint = generic if op is None else NORMALISATIONS[op][1]
     return True
+
+
+def wrong_axis(run, c, result):
+    """(a - n) / y, y forward's one output of c's shape, is u + v with u constant along the last
+    axis and v constant along another axis k: two reductions of g, over k and over the last axis,
+    where backward should have one. Sets the hint; True if so."""
+    a, n = result.analytical, result.numerical
+    if a is None or n is None or a.ndim < 2 or np.isnan(n).any() or a.shape[-1] < 3:
+        return False
+    with no_grad():
+        outputs = run.ev.outputs()
+    if len(outputs) != 1 or tuple(outputs[0].shape) != a.shape:
+        return False
+    y = host(outputs[0].data).astype(np.float64)
+    if not np.all(np.abs(y) > 1e-12 * np.abs(y).max(initial=0.0)):
+        return False
+    q = (a - n) / y
+    last = a.ndim - 1
+    for k in range(last):
+        if a.shape[k] < 3:
+            continue
+        u, v = q.mean(axis=last, keepdims=True), q.mean(axis=k, keepdims=True)
+        residual = q - u - v + q.mean(axis=(k, last), keepdims=True)
+        size = np.linalg.norm(q)
+        spread_u, spread_v = (np.linalg.norm(t - t.mean()) for t in (u, v))
+        if np.linalg.norm(residual) <= 1e-6 * size and min(spread_u, spread_v) > 1e-3 * size / np.sqrt(q.size):
+            result.hint_kind = "wrong_axis"
+            result.pattern += (f"; (analytical - numerical) / output is one term per row of axis {k} plus one term "
+                               f"per row of axis {last}: the error comes from reductions of g over axis {k} and "
+                               f"over axis {last}")
+            result.hint = (f"backward reduces over the wrong axis: a sum or mean over axis {k} where forward's runs "
+                           f"over axis {last} (or the other way round), e.g. (g * y).sum(axis={k}) where "
+                           "(g * y).sum(axis=-1, keepdims=True) belongs; check the axis= of every sum and mean in "
+                           "backward")
+            return True
+    return False
