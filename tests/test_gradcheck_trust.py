@@ -286,7 +286,7 @@ class SoftmaxNoMaxBackward(Function):
         return p * (g - (g * p).sum(axis=-1, keepdims=True))
 
 
-X1000 = dict(shape=(3, 16), seed=1, shift=1000.0, dtype="float32")  # rows around 1000, spread 1
+X1000 = {"shape": (3, 16), "seed": 1, "shift": 1000.0, "dtype": "float32"}  # rows around 1000, spread 1
 
 
 def test_a_float32_backward_losing_precision_is_said_although_the_check_passes():
@@ -442,8 +442,8 @@ class ScaleNoGain(Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        return g, (g * x).sum(axis=0), g.sum(axis=0)
+        x, _w = ctx.saved_tensors
+        return g, (g * x).sum(axis=0), g.sum(axis=0)  # should be g * _w
 
 
 def test_the_temperature_bug_at_tau_one_passes_with_a_warning():

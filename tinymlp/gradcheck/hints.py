@@ -207,7 +207,9 @@ def batch_mixed(run, c, result, max_rows=8):
         return False
     checked = {id(t.tensor) for t in run.checked}
     params = [(sw.param, sw.param.grad) for sw in run.plan.swaps]
-    position = next(k for k, arg in enumerate(run.plan.args) if arg is c.tensor)
+    position = next((k for k, arg in enumerate(run.plan.args) if arg is c.tensor), None)
+    if position is None:
+        return False
     try:
         for i in rows[:max_rows]:
             args = [_row_of(arg, i, batch, checked) for arg in run.plan.args]
