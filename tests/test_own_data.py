@@ -346,7 +346,7 @@ def test_train_cifar_gmlp_on_an_image_folder(tmp_path):
     out = tmp_path / "run"
     stdout = ok(run("train_cifar_gmlp.py", "--dataset", "folder", "--data-dir", root, *TINY_IMAGE, "--ffn-dim", "32",
                     "--out", out, cwd=tmp_path))
-    assert "folder: 16 train / 6 test images" in stdout and "confusion.png" in stdout
+    assert "folder: 14 train / 2 validation / 6 test images" in stdout and "confusion.png" in stdout
     meta = read_meta(out / "checkpoint.npz")
     assert meta["classes"] == ["cat", "dog"] and meta["dataset"] == "folder" and meta["model_config"]["image_size"] == 32
     for name in ("metrics.json", "curves.png", "spatial_weights.png", "confusion.png"):
@@ -365,7 +365,7 @@ def test_an_image_folder_without_test_holds_some_out(tmp_path):
     root = image_folder(tmp_path / "pets", per_class=(10, 0))
     stdout = ok(run("train_cifar_mixer.py", "--dataset", "folder", "--data-dir", root, *TINY_IMAGE,
                     "--test-fraction", "0.2", "--out", tmp_path / "run", cwd=tmp_path))
-    assert "no test/ folder: 4 of its 20 images" in stdout and "folder: 16 train / 4 test images" in stdout
+    assert "no test/ folder: 4 of its 20 images" in stdout and "folder: 14 train / 2 validation / 4 test images" in stdout
 
 
 def test_train_cifar_mixer_on_npz_arrays(tmp_path):
@@ -376,7 +376,7 @@ def test_train_cifar_mixer_on_npz_arrays(tmp_path):
     out = tmp_path / "run"
     stdout = ok(run("train_cifar_mixer.py", "--dataset", "npz", "--data-dir", path, *TINY_IMAGE, "--out", out,
                     cwd=tmp_path))
-    assert "npz: 24 train / 6 test images" in stdout
+    assert "npz: 21 train / 3 validation / 6 test images" in stdout
     assert read_meta(out / "checkpoint.npz")["classes"] == ["zero", "one", "two"]
     assert (out / "confusion.png").stat().st_size > 0
 
@@ -410,7 +410,7 @@ def test_train_text_gmlp_on_a_csv_file(tmp_path):
     out = tmp_path / "run"
     stdout = ok(run("train_text_gmlp.py", "--dataset", "csv", "--train-file", path, "--text-column", "review",
                     "--label-column", "sentiment", *TINY_TEXT, "--out", out, cwd=tmp_path))
-    assert "6 of the 60 rows" in stdout and "csv: 54 train / 6 test sentences" in stdout
+    assert "6 of the 60 rows" in stdout and "csv: 48 train / 6 validation / 6 test sentences" in stdout
     meta = read_meta(out / "checkpoint.npz")
     assert meta["classes"] == ["neg", "pos"] and meta["dataset"] == "csv"
     assert (out / "confusion.png").stat().st_size > 0 and (out / "tokenizer.json").is_file()
@@ -424,7 +424,7 @@ def test_train_text_gmlp_on_tsv_pairs_with_a_test_file(tmp_path):
     stdout = ok(run("train_text_gmlp.py", "--dataset", "csv", "--train-file", tmp_path / "train.tsv", "--test-file",
                     tmp_path / "test.tsv", "--text-column", "a", "--pair-column", "b", *TINY_TEXT,
                     "--out", tmp_path / "run", cwd=tmp_path))
-    assert "csv: 32 train / 8 test sentence pairs" in stdout
+    assert "csv: 28 train / 4 validation / 8 test sentence pairs" in stdout
 
 
 def test_pretrain_mlm_on_a_csv_file_and_on_lines(tmp_path):

@@ -37,7 +37,7 @@ from .archive import DatasetError
 from .labels import held_out_split, number_labels
 from .text_loader import TextDataset
 
-__all__ = ["read_lines", "read_text_table", "split_text_dataset"]
+__all__ = ["numbered_lines", "read_lines", "read_text_table", "split_text_dataset"]
 
 
 def _read_text(path) -> str:
@@ -57,8 +57,13 @@ def _read_text(path) -> str:
 
 def read_lines(path) -> list:
     """The non-empty lines of a UTF-8 text file, stripped: one text a line (masked-LM pretraining)."""
-    lines = [line.strip() for line in _read_text(path).splitlines()]
-    return [line for line in lines if line]
+    return [line for _, line in numbered_lines(path)]
+
+
+def numbered_lines(path) -> list:
+    """(line number counted from 1, text) of each non-empty line of a UTF-8 text file, stripped."""
+    lines = [(n, line.strip()) for n, line in enumerate(_read_text(path).splitlines(), start=1)]
+    return [(n, line) for n, line in lines if line]
 
 
 def _delimiter(path: Path, header: str) -> str:
