@@ -197,8 +197,8 @@ def _hold_out(dataset, fraction, seed, what, where, keep_stats=False):
 
 def _datasets(args, size=32) -> Splits:
     """The train, validation (None with --val-fraction 0) and test sets; DatasetError (with what
-    to do) when the data cannot be had. Too few images to hold --val-fraction of each class out
-    (fewer than 5 a class at 0.1): a note, and no validation set."""
+    to do) when the data cannot be had. Classes too small to spare an image at --val-fraction (6
+    images at 0.1): a note, and no validation set."""
     splits = _own_images(args, size) if args.dataset in OWN_IMAGES else _builtin(args)
     if splits.validation is None and args.val_fraction:
         if not len(held_out_split(splits.train.labels, args.val_fraction, 1)[1]):
