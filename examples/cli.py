@@ -124,7 +124,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("outputs and runs")
     g.add_argument("--out", default=None,
-                   help=f"output folder: {CHECKPOINT} (the last epoch), {BEST} (the best validation epoch), {METRICS}, {CURVES} and "
+                   help=f"output folder: {CHECKPOINT} (the last epoch), {BEST} (the best validation epoch), "
+                        f"{METRICS}, {CURVES} and "
                         "the weight plot (default: runs/<model>)")
     g.add_argument("--resume", default=None, metavar="PATH|auto",
                    help="continue from a checkpoint (outputs go to its folder unless --out is given); "

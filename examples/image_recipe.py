@@ -75,9 +75,9 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     check_out(args, out, resume)
     check_data_size(args)
     if meta is None and build_model is None:        # too big to train: refused before any data is read
-        cls, kwargs = preset_config(preset, **overrides, num_classes=NUM_CLASSES.get(args.dataset, 10))
-        check_memory(cls, kwargs, args, explicit, parameters(preset, {**overrides, "num_classes": 10}),
-                     tokens_per_example(kwargs), MODEL_FLAGS)
+        guess = {**overrides, "num_classes": NUM_CLASSES.get(args.dataset, 10)}     # own data: counted later
+        cls, kwargs = preset_config(preset, **guess)
+        check_memory(cls, kwargs, args, explicit, parameters(preset, guess), tokens_per_example(kwargs), MODEL_FLAGS)
 
     splits = _datasets(args, _model_image_size(args, preset, overrides, meta))
     train_set, val_set, test_set = splits.train, splits.validation, splits.test

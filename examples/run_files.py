@@ -33,8 +33,9 @@ from tinymlp.train import History, evaluate
 
 __all__ = [
     "CONFUSION", "OWN_DATA", "RUN", "architecture", "best_epoch", "check_classes", "check_out", "check_resumable",
-    "confusion", "describe_test", "final_test", "guard", "interrupted_message", "is_text_preset", "keep_best", "model_class", "resume_command",
-    "resume_into", "resume_path", "script_of_checkpoint", "script_of_preset", "write_metrics",
+    "confusion", "describe_test", "final_test", "guard", "interrupted_message", "is_text_preset", "keep_best",
+    "model_class", "resume_command", "resume_into", "resume_path", "script_of_checkpoint", "script_of_preset",
+    "write_metrics",
 ]
 
 OWN_DATA = ("folder", "npz", "csv")     # datasets whose class names the user gives: confusion.png shows them

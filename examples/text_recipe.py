@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from cli import (
-    BEST, CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, UsageError, check_args, check_data_flags, check_data_size, check_memory,
-    count, explicit_flags, loss_function, make_model, make_parser, model_args, parameters,
+    BEST, CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, UsageError, check_args, check_data_flags, check_data_size,
+    check_memory, count, explicit_flags, loss_function, make_model, make_parser, model_args, parameters,
 )
 from run_files import (
     CONFUSION, OWN_DATA, RUN, check_classes, check_out, check_resumable, confusion, describe_test, final_test, guard,

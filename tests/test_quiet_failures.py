@@ -1,4 +1,4 @@
-"""Failures that used to be quiet or raw, each kind closed as a class, each with one sentence:
+"""Failures that must never be quiet or raw, each kind closed as a class, each with one sentence:
 
 - counts given as floats or booleans (a batch size of 2.9) are refused, not truncated;
 - arguments outside their range (a probability of 1.5, a negative pad) are refused;

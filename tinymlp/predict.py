@@ -142,8 +142,8 @@ class Predictor:
                 tokenizer = Tokenizer.from_dict(meta["tokenizer"], source=f"{path}: its stored tokenizer")
             except ValueError as err:
                 raise CheckpointError(str(err)) from None
-            return cls(model, classes, tokenizer=tokenizer, seq_len=int(pre.get("seq_len", config.get("seq_len"))),
-                       source=str(path), **overrides)
+            seq_len = int(pre.get("seq_len", config.get("seq_len")))
+            return cls(model, classes, tokenizer=tokenizer, seq_len=seq_len, source=str(path), **overrides)
         size = pre.get("image_size", config.get("image_size"))
         settings = dict(mean=pre.get("mean"), std=pre.get("std"), size=pre.get("size"),
                         image_size=size if isinstance(size, int) else tuple(size) if size else None)
@@ -205,7 +205,8 @@ class Predictor:
             if missing:
                 raise PredictError(f"{self.source} is an image model, and {missing[0]!r} is not an image file: give "
                                    "it image files, or images as an array")
-            images = np.stack([read_image(p, self.size) for p in inputs]) if inputs else np.zeros((0, 3, self.size, self.size), np.uint8)
+            images = (np.stack([read_image(p, self.size) for p in inputs]) if inputs
+                      else np.zeros((0, 3, self.size, self.size), np.uint8))
         else:
             try:
                 images = resize_images(as_images(inputs, "the images given"), self.size)
