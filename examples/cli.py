@@ -3,8 +3,11 @@
 A script builds its parser with ``make_parser(description)`` (the data, optimisation and output
 flags), adds its model's flags to ``model_args(parser)``, and hands the parsed flags to its recipe
 (``image_recipe.main`` or ``text_recipe.main``). Every flag is checked before any download, model
-or output folder (``check_args``): a problem is one ``UsageError`` line and exit status 2, never a
-traceback. ``make_model`` builds the model only when training it fits in memory.
+or output folder (``check_args``; the data flags, which a resumed run takes from its checkpoint,
+by ``check_data_flags`` once they are known): a problem is one ``UsageError`` line and exit
+status 2, never a traceback. ``check_memory`` refuses a model whose training would not fit in the
+memory this process may use (the machine's, a container's cgroup limit, ``ulimit``) before any
+data is read; ``make_model`` builds it.
 
 The scripts run from a source checkout without installing tinymlp: importing this module first
 puts the checkout on the path when ``import tinymlp`` fails.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -27,13 +31,15 @@ from tinymlp import backend, models
 from tinymlp import functional as F
 
 __all__ = [
-    "CHECKPOINT", "CURVES", "METRICS", "MODEL_FLAGS", "OWN_IMAGES", "UsageError", "check_args", "check_data_size",
-    "count", "explicit_flags", "flag", "loss_function", "make_model", "make_parser", "memory_available",
-    "model_args", "parameters", "tokens_per_example", "training_bytes",
+    "BEST", "CHECKPOINT", "CURVES", "METRICS", "MODEL_FLAGS", "OWN_IMAGES", "UsageError", "cgroup_memory_limit",
+    "check_args", "check_data_flags", "check_data_size", "check_memory", "count", "explicit_flags", "flag",
+    "loss_function", "make_model", "make_parser", "memory_available", "memory_limit", "model_args", "parameters",
+    "tokens_per_example", "training_bytes",
 ]
 
 # what a run writes in its --out folder
 CHECKPOINT = "checkpoint.npz"
+BEST = "best.npz"
 METRICS = "metrics.json"
 CURVES = "curves.png"
 
@@ -74,8 +80,15 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                         "$XDG_CACHE_HOME/tinymlp, else ~/.cache/tinymlp. With --dataset folder: the image "
                         "folder; with --dataset npz: the .npz file")
     g.add_argument("--test-fraction", type=float, default=0.1, metavar="F",
-                   help="--dataset folder without a test/ folder: F of each class's images, chosen by a "
-                        "fixed seed, are held out as the test set")
+                   help="--dataset folder without a test/ folder (or in torchvision's DIR/<class>/ layout): F of "
+                        "each class's images, chosen by a fixed seed, are held out as the test set")
+    g.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
+                   help="F of each class's training images, chosen by a fixed seed, are held out as the "
+                        "validation set: the per-epoch metrics and best.npz (the best epoch) come from it, and the "
+                        "test set is evaluated once, at the end. 0: no validation, every training image trained "
+                        "on. For CIFAR the default holds out 5,000 of the 50,000 training images, the 45k/5k "
+                        "split usual for tuning; pass 0 for a final run on all of them, whose test accuracy is "
+                        "the number papers report. A DIR/val/ folder is used as it is")
     g.add_argument("--no-download", action="store_true",
                    help="never use the network: fail if the data is not already in --data-dir")
     g.add_argument("--download-url", default=None, metavar="URL",
@@ -111,7 +124,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("outputs and runs")
     g.add_argument("--out", default=None,
-                   help=f"output folder: {CHECKPOINT} (the last epoch), {METRICS}, {CURVES} and "
+                   help=f"output folder: {CHECKPOINT} (the last epoch), {BEST} (the best validation epoch), "
+                        f"{METRICS}, {CURVES} and "
                         "the weight plot (default: runs/<model>)")
     g.add_argument("--resume", default=None, metavar="PATH|auto",
                    help="continue from a checkpoint (outputs go to its folder unless --out is given); "
@@ -158,6 +172,7 @@ FLAG_RANGES = {
     "seed": (0, True, None, False),
     "lr": (0, False, None, False), "weight_decay": (0, True, None, False), "clip": (0, True, None, False),
     "warmup": (0, True, None, False), "label_smoothing": (0, True, 1, False), "test_fraction": (0, False, 1, False),
+    "val_fraction": (0, True, 1, False),
     "mixup": (0, True, None, False), "cutmix": (0, True, None, False),
     "dim": (1, True, None, False), "depth": (1, True, None, False), "token_mlp_dim": (1, True, None, False),
     "channel_mlp_dim": (1, True, None, False), "ffn_dim": (1, True, None, False),
@@ -194,19 +209,78 @@ def check_args(args):
     if args.warmup is not None and args.warmup > args.epochs:
         raise UsageError(f"--warmup {args.warmup:g} epochs is longer than the run (--epochs {args.epochs}): "
                          "expected at most --epochs")
+
+
+def check_data_flags(args):
+    """The data flags, once they are known (a resumed run takes them from its checkpoint)."""
     if getattr(args, "dataset", None) in OWN_IMAGES and not args.data_dir:
         raise UsageError(f"--dataset {args.dataset} needs --data-dir {OWN_IMAGES[args.dataset]}")
+    if getattr(args, "val_fraction", 0) and args.val_fraction + getattr(args, "test_fraction", 0) >= 1:
+        raise UsageError(f"--val-fraction {args.val_fraction:g} and --test-fraction {args.test_fraction:g} leave no "
+                         "training data: expected a sum below 1")
 
 
 # ---------------------------------------------------------------------- what they ask of the machine
 def memory_available(device) -> int | None:
-    """Bytes of memory on ``device`` (the machine's RAM, or the GPU's), None when unknown."""
+    """Bytes of memory this process may use on ``device``, None when unknown (see ``memory_limit``)."""
+    return memory_limit(device)[0]
+
+
+def memory_limit(device) -> tuple[int | None, str]:
+    """(bytes, where the bound comes from) of the memory this process may use on ``device``: the
+    GPU's; on the CPU the smallest of the machine's RAM, the container's limit (cgroup v2
+    ``memory.max`` or v1 ``memory.limit_in_bytes``) and the process's own (``ulimit -v``, ``-d``)."""
+    if device == "cuda":
+        try:
+            return int(backend.module_for_device("cuda").cuda.Device().mem_info[1]), "of memory on this cuda"
+        except (ValueError, OSError, AttributeError):
+            return None, "of memory on this cuda"
+    bounds = []
     try:
-        if device == "cuda":
-            return int(backend.module_for_device("cuda").cuda.Device().mem_info[1])
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        bounds.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "of memory on this cpu"))
     except (ValueError, OSError, AttributeError):
+        pass
+    cgroup = cgroup_memory_limit()
+    if cgroup is not None:
+        bounds.append((cgroup, "allowed by this container's memory limit (cgroup)"))
+    for which, flag_ in ((resource.RLIMIT_AS, "-v"), (getattr(resource, "RLIMIT_DATA", None), "-d")):
+        if which is None:
+            continue
+        soft = resource.getrlimit(which)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            bounds.append((soft, f"allowed by this process's memory limit (ulimit {flag_})"))
+    return min(bounds) if bounds else (None, "of memory here")
+
+
+def cgroup_memory_limit(root="/sys/fs/cgroup", membership="/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's cgroup in bytes (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), None when there is none or it cannot be read."""
+    try:
+        lines = Path(membership).read_text().splitlines()
+    except OSError:
         return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.lstrip("/")
+        if controllers == "":                                  # v2: one unified hierarchy
+            candidates = [Path(root) / path / "memory.max", Path(root) / "memory.max"]
+        elif "memory" in controllers.split(","):               # v1: the memory controller's own tree
+            candidates = [Path(root) / "memory" / path / "memory.limit_in_bytes",
+                          Path(root) / "memory" / "memory.limit_in_bytes"]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                text = candidate.read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 2**60:            # "max", or v1's huge "unlimited"
+                return int(text)
+            break
+    return None
 
 
 def _gib(n) -> str:
@@ -225,20 +299,28 @@ def training_bytes(params, kwargs, batch, tokens, itemsize=4) -> tuple[int, int]
     return 4 * params * itemsize, batch * depth * per_block * itemsize
 
 
-def make_model(cls, kwargs, args, explicit, params=None, tokens=None, flags=()):
-    """``cls(**kwargs)``, after checking that training it fits in memory (when ``params`` and
-    ``tokens`` are known): too big, or a constructor that refuses the sizes asked for, is a
-    UsageError naming the flags (exit status 2), not a traceback or the machine swapping."""
+def check_memory(cls, kwargs, args, explicit, params=None, tokens=None, flags=()):
+    """Refuse, as a UsageError naming the flags, a model whose training (at ``params`` parameters
+    and ``tokens`` tokens an example, when known) needs more memory than this process may use."""
+    if params is None or tokens is None:
+        return
     given = " ".join(f"{flag(k)} {getattr(args, k)}" for k in flags if k in explicit)
-    if params is not None and tokens is not None:
-        weights, activations = training_bytes(params, kwargs, args.batch_size, tokens)
-        available = memory_available(args.device)
-        if available is not None and weights + activations > available:
-            raise UsageError(
-                f"{given + ': ' if given else ''}training {cls.__name__} with {params:,} parameters at --batch-size "
-                f"{args.batch_size} needs about {_gib(weights + activations)} (weights, gradients and optimizer "
-                f"moments {_gib(weights)}; one step's activations {_gib(activations)}), more than the "
-                f"{_gib(available)} of memory on this {args.device}: lower --batch-size or the model's sizes")
+    weights, activations = training_bytes(params, kwargs, args.batch_size, tokens)
+    available, where = memory_limit(args.device)
+    if available is not None and weights + activations > available:
+        raise UsageError(
+            f"{given + ': ' if given else ''}training {cls.__name__} with {params:,} parameters at --batch-size "
+            f"{args.batch_size} needs about {_gib(weights + activations)} (weights, gradients and optimizer "
+            f"moments {_gib(weights)}; one step's activations {_gib(activations)}), more than the "
+            f"{_gib(available)} {where}: lower --batch-size or the model's sizes")
+
+
+def make_model(cls, kwargs, args, explicit, params=None, tokens=None, flags=()):
+    """``cls(**kwargs)``, after ``check_memory``: too big, or a constructor that refuses the sizes
+    asked for, is a UsageError naming the flags (exit status 2), not a traceback or the machine
+    swapping."""
+    check_memory(cls, kwargs, args, explicit, params, tokens, flags)
+    given = " ".join(f"{flag(k)} {getattr(args, k)}" for k in flags if k in explicit)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as err:
@@ -277,10 +359,10 @@ def check_data_size(args, bytes_per_example=3 * 32 * 32):
     if args.dataset != "synthetic":
         return
     need = int(args.synthetic_size * 1.2 * bytes_per_example)     # train + the test fifth
-    available = memory_available("cpu")
+    available, where = memory_limit("cpu")
     if available is not None and need > available:
         raise UsageError(f"--synthetic-size {args.synthetic_size}: generating it needs about {_gib(need)}, more "
-                         f"than the {_gib(available)} of memory here: ask for fewer examples")
+                         f"than the {_gib(available)} {where}: ask for fewer examples")
 
 
 # ---------------------------------------------------------------------- small shared pieces

@@ -33,18 +33,18 @@ import time
 from pathlib import Path
 
 from cli import (
-    CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, OWN_IMAGES, UsageError, check_args, check_data_size, count,
-    explicit_flags, loss_function, make_model, parameters, tokens_per_example,
+    BEST, CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, OWN_IMAGES, UsageError, check_args, check_data_flags,
+    check_data_size, check_memory, count, explicit_flags, loss_function, make_model, parameters, tokens_per_example,
 )
 from run_files import (
-    CONFUSION, OWN_DATA, RUN, architecture, check_classes, check_out, check_resumable, confusion, guard,
-    resume_into, resume_path, script_of_preset, write_metrics,
+    CONFUSION, OWN_DATA, RUN, architecture, check_classes, check_out, check_resumable, confusion, describe_test,
+    final_test, guard, keep_best, resume_into, resume_path, script_of_preset, write_metrics,
 )
 
 from tinymlp import backend, checkpoint, data, optim, plot
-from tinymlp.data import DatasetError, folder
+from tinymlp.data import DatasetError, folder, held_out_split
 from tinymlp.models import config as preset_config
-from tinymlp.train import History, evaluate, fit, format_epoch
+from tinymlp.train import History, fit, format_epoch
 
 __all__ = ["NORMALIZATIONS", "main", "run"]
 
@@ -58,8 +58,9 @@ def main(parser: argparse.ArgumentParser, model_spec, argv=None, build_model=Non
 
 def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     """One training run of the parsed flags ``args``: checks, data, model (or the checkpoint's),
-    optimiser and schedule, ``fit`` with a checkpoint and metrics after every epoch, the plots.
-    ``explicit``: the flags given on the command line (a resumed run keeps the others)."""
+    optimiser and schedule, ``fit`` with a checkpoint and metrics after every epoch, the test set
+    once at the end, the plots. ``explicit``: the flags given on the command line (a resumed run
+    takes the others from its checkpoint)."""
     check_args(args)
     backend.module_for_device(args.device)          # a clear CudaUnavailableError, before any work
     preset, overrides, weight_plot, weight_file = model_spec(args)
@@ -69,14 +70,21 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
         out = resume.parent                           # keep writing where the run was
     meta = checkpoint.read_meta(resume) if resume else None
     if meta is not None:
-        check_resumable(resume, meta, args, explicit, script=script_of_preset(preset))
+        check_resumable(resume, meta, args, explicit, script=script_of_preset(preset))   # data options adopted
+    check_data_flags(args)
     check_out(args, out, resume)
     check_data_size(args)
+    if meta is None and build_model is None:        # too big to train: refused before any data is read
+        guess = {**overrides, "num_classes": NUM_CLASSES.get(args.dataset, 10)}     # own data: counted later
+        cls, kwargs = preset_config(preset, **guess)
+        check_memory(cls, kwargs, args, explicit, parameters(preset, guess), tokens_per_example(kwargs), MODEL_FLAGS)
 
-    train_set, test_set = _datasets(args, _model_image_size(args, preset, overrides, meta))
+    splits = _datasets(args, _model_image_size(args, preset, overrides, meta))
+    train_set, val_set, test_set = splits.train, splits.validation, splits.test
     if meta is not None:
         check_classes(resume, meta, train_set.classes)
-    train_loader, test_loader = _loaders(args, train_set, test_set)
+    mean, std = _normalization(args, train_set)
+    train_loader, val_loader, test_loader = _loaders(args, train_set, val_set, test_set, mean, std)
 
     if meta is None and build_model is not None:   # e.g. finetune.py: a pretrained model with a new head
         model = build_model(args, train_set.num_classes)
@@ -108,54 +116,62 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     if meta is not None:
         history, start = resume_into(resume, meta, model, opt, sched, args, explicit, train_loader, total, warmup)
 
+    held = f" / {len(val_set):,} validation" if val_set is not None else ""
     print(f"{_model_title(cls, meta['preset'] if meta else preset, model)}: {model.num_parameters():,} parameters | "
-          f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test images | {args.device} | "
+          f"{args.dataset}: {len(train_set):,} train{held} / {len(test_set):,} test images | {args.device} | "
           f"{count(args.epochs, 'epoch')} x {steps_per_epoch} steps of {args.batch_size}, "
           f"{type(opt).__name__} lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
 
     out.mkdir(parents=True, exist_ok=True)
+    if meta is None:                                 # a new run (--overwrite): no best epoch of another one
+        (out / BEST).unlink(missing_ok=True)
     RUN.update(out=out, resume=resume, started=time.time())
     show = False if args.no_progress else None       # None: bars when stderr is a terminal
     bars = show is None and sys.stderr.isatty()
     loss_fn = loss_function(args.label_smoothing)
+    size = getattr(args, "image_size", None) or train_set.images.shape[-1]
+    preprocess = {"kind": "image", "size": int(train_set.images.shape[-1]), "image_size": int(size),
+                  "mean": [float(m) for m in mean], "std": [float(s) for s in std]}
+    described = splits.describe()
 
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(), rng=train_loader.rng,
                         preset=meta["preset"] if meta else preset, model_config=model.config,
                         model_class=cls.__name__, classes=list(train_set.classes),
-                        dataset=args.dataset, args=vars(args))
-        write_metrics(out, args, model, hist)
-        plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="test")
+                        dataset=args.dataset, args=vars(args), preprocess=preprocess)
+        keep_best(out, epoch, hist)
+        write_metrics(out, args, model, hist, described)
+        plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="validation")
         if not bars:
-            print(format_epoch(hist, args.epochs, "test"), flush=True)
+            print(format_epoch(hist, args.epochs, "validation"), flush=True)
 
     if start < args.epochs:
-        fit(model, opt, train_loader, test_loader, epochs=args.epochs, scheduler=sched,
+        fit(model, opt, train_loader, val_loader, epochs=args.epochs, scheduler=sched,
             clip=args.clip or None, callbacks=[save_run], progress=show, limit_batches=args.limit_batches,
-            loss_fn=loss_fn, start_epoch=start, history=history, val_name="test")
+            loss_fn=loss_fn, start_epoch=start, history=history, val_name="validation")
     else:
         print(f"{count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     if weight_plot is not None:
         weight_plot(model, out / weight_file)
-    if args.dataset in OWN_DATA:
-        confusion(model, test_loader, train_set.classes, out / CONFUSION, args.limit_batches,
-                  title=f"{cls.__name__} on {args.dataset}: test set")
 
-    if history.val_acc and history.val_acc[-1] is not None:
-        test_loss, test_acc = history.val_loss[-1], history.val_acc[-1]
-    else:
-        test_loss, test_acc = evaluate(model, test_loader, args.limit_batches, loss_fn)
-    write_metrics(out, args, model, history)
+    test = final_test(out, model, test_loader, history, args.limit_batches, loss_fn)
+    if args.dataset in OWN_DATA:                     # the model predict uses: best.npz when there is one
+        confusion(model, test_loader, train_set.classes, out / CONFUSION, args.limit_batches,
+                  title=f"{cls.__name__} on {args.dataset}: test set, {test['used']}")
+    write_metrics(out, args, model, history, described, test)
     speed = f"{history.images_per_sec[-1]:,.0f} img/s training" if history.images_per_sec else "no training"
-    limited = f" (first {args.limit_batches} batches)" if args.limit_batches else ""
-    print(f"done: test accuracy {100 * test_acc:.2f}%{limited}, test loss {test_loss:.4f} | {speed} on "
-          f"{args.device} | {count(len(history), 'epoch')} | outputs in {out}/ ({CHECKPOINT}, {METRICS}, {CURVES}"
-          f"{', ' + weight_file if weight_plot is not None else ''}{', ' + CONFUSION if args.dataset in OWN_DATA else ''})")
+    files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, CURVES]
+    files += ([weight_file] if weight_plot is not None else []) + ([CONFUSION] if args.dataset in OWN_DATA else [])
+    print(f"done: {describe_test(test)} | {speed} on {args.device} | "
+          f"{count(len(history), 'epoch')} | outputs in {out}/ ({', '.join(files)})")
     return 0
 
 
 # ---------------------------------------------------------------------- data
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "synthetic": 10}
+
+
 def _model_image_size(args, preset, overrides, meta=None) -> int:
     """The side in pixels the model takes: --image-size (finetune.py), the checkpoint's, or the preset's."""
     size = getattr(args, "image_size", None)
@@ -170,44 +186,94 @@ def _model_image_size(args, preset, overrides, meta=None) -> int:
     return size if isinstance(size, int) else int(size[0])
 
 
-def _own_images(args, size):
-    """(train, test) from --data-dir, resized to ``size``: a class folder tree or an npz file."""
-    if args.dataset == "npz":
-        return folder.load_npz(args.data_dir, size=size)
-    root = Path(args.data_dir)
-    train = folder.ImageFolder(root, "train", size=size)
-    if (root / "test").exists():
-        return train, folder.ImageFolder(root, "test", size=size, classes=train.classes)
-    keep, held = folder.held_out_split(train.labels, args.test_fraction, seed=0)
+def _hold_out(dataset, fraction, seed, what, where, keep_stats=False):
+    """(kept, held out) ImageDatasets: ``fraction`` of each class held out (``labels.held_out_split``)."""
+    keep, held = held_out_split(dataset.labels, fraction, seed=seed)
     if len(held) == 0:
-        raise DatasetError(f"{root} has no test/ folder and too few images to hold {args.test_fraction:g} of each "
-                           "class out: add a test/ folder")
-    print(f"note: {root} has no test/ folder: {len(held)} of its {len(train)} images ({args.test_fraction:g} of "
+        raise DatasetError(f"{where}: too few images to hold {fraction:g} of each class out as the {what} set; add "
+                           "a test/ folder (or raise --test-fraction)")
+    return folder.subset(dataset, keep, keep_stats), folder.subset(dataset, held, keep_stats)
+
+
+def _datasets(args, size=32) -> Splits:
+    """The train, validation (None with --val-fraction 0) and test sets; DatasetError (with what
+    to do) when the data cannot be had. Classes too small to spare an image at --val-fraction (6
+    images at 0.1): a note, and no validation set."""
+    splits = _own_images(args, size) if args.dataset in OWN_IMAGES else _builtin(args)
+    if splits.validation is None and args.val_fraction:
+        if not len(held_out_split(splits.train.labels, args.val_fraction, 1)[1]):
+            print(f"note: too few training images to hold {args.val_fraction:g} of each class out for validation: "
+                  "training without a validation set (no best.npz)")
+            return splits
+        keep_stats = args.dataset not in OWN_IMAGES        # CIFAR's published statistics stay
+        splits.train, splits.validation = _hold_out(splits.train, args.val_fraction, 1, "validation",
+                                                    args.data_dir or args.dataset, keep_stats)
+        splits.names["validation"] = (f"{args.val_fraction:g} of each class of the training images, held out by a "
+                                      f"fixed seed (--val-fraction {args.val_fraction:g})")
+    return splits
+
+
+def _own_images(args, size) -> Splits:
+    """Train, validation (a val/ folder, else None) and test from --data-dir, resized to ``size``."""
+    if args.dataset == "npz":
+        train, test = folder.load_npz(args.data_dir, size=size)
+        return Splits(train, None, test, {"test": f"x_test, y_test of {args.data_dir}"})
+    root = Path(args.data_dir)
+    if not (root / "train").is_dir() and folder.has_class_folders(root):     # torchvision's root/<class>/
+        every = folder.ImageFolder(root, None, size=size)
+        train, test = _hold_out(every, args.test_fraction, 0, "test", root)
+        print(f"note: {root} holds one folder per class (torchvision's layout): {len(test)} of its {len(every)} "
+              f"images ({args.test_fraction:g} of each class, chosen by a fixed seed) are held out as the test set")
+        return Splits(train, None, test, {"test": f"{args.test_fraction:g} of each class of {root}, held out by a "
+                                                  "fixed seed (--test-fraction)"})
+    train = folder.ImageFolder(root, "train", size=size)
+    val = folder.ImageFolder(root, "val", size=size, classes=train.classes) if (root / "val").is_dir() else None
+    names = {"validation": f"{root / 'val'}/"} if val is not None else {}
+    if (root / "test").exists():
+        return Splits(train, val, folder.ImageFolder(root, "test", size=size, classes=train.classes),
+                      {**names, "test": f"{root / 'test'}/"})
+    every = train
+    train, test = _hold_out(every, args.test_fraction, 0, "test", f"{root} (no test/ folder)")
+    print(f"note: {root} has no test/ folder: {len(test)} of its {len(every)} images ({args.test_fraction:g} of "
           "each class, chosen by a fixed seed) are held out as the test set")
-    return folder.subset(train, keep), folder.subset(train, held)
+    return Splits(train, val, test, {**names, "test": f"{args.test_fraction:g} of each class of {root / 'train'}, "
+                                                      "held out by a fixed seed (--test-fraction)"})
 
 
-def _datasets(args, size=32):
-    """(train, test) datasets; DatasetError (with what to do) when CIFAR cannot be had."""
-    if args.dataset in OWN_IMAGES:
-        return _own_images(args, size)
+def _builtin(args) -> Splits:
+    """CIFAR (found or downloaded) or the generated set: their own train and test splits."""
     if args.dataset == "synthetic":
         n = args.synthetic_size
-        return (data.SyntheticImages(n, seed=0, train=True),
-                data.SyntheticImages(max(10, n // 5), seed=0, train=False))
+        return Splits(data.SyntheticImages(n, seed=0, train=True),
+                      None, data.SyntheticImages(max(10, n // 5), seed=0, train=False),
+                      {"test": f"{max(10, n // 5)} generated images (another random stream)"})
     if args.download_url:
         data.ARCHIVES[args.dataset] = dataclasses.replace(data.ARCHIVES[args.dataset],
                                                           urls=(args.download_url,))
     progress = not args.no_progress
     kwargs = {"root": args.data_dir, "download": not args.no_download, "progress": progress}
-    return (data.get_dataset(args.dataset, train=True, **kwargs),
-            data.get_dataset(args.dataset, train=False, **kwargs))
+    return Splits(data.get_dataset(args.dataset, train=True, **kwargs), None,
+                  data.get_dataset(args.dataset, train=False, **kwargs), {"test": f"the {args.dataset} test split"})
 
 
-def _loaders(args, train_set, test_set):
+@dataclasses.dataclass
+class Splits:
+    """The train, validation and test sets of a run, and how each was made (for metrics.json)."""
+
+    train: object
+    validation: object
+    test: object
+    names: dict
+
+    def describe(self) -> dict:
+        parts = {"train": self.train, "validation": self.validation, "test": self.test}
+        return {k: (f"{self.names.get(k, 'the training images' if k == 'train' else k)}: {len(v):,} examples"
+                    if v is not None else None) for k, v in parts.items()}
+
+
+def _loaders(args, train_set, val_set, test_set, mean, std):
     flip = args.flip if args.flip is not None else args.dataset != "synthetic"
     steps = [data.RandomCrop(4)] + ([data.HorizontalFlip()] if flip else [])
-    mean, std = _normalization(args, train_set)
     steps.append(data.Normalize(mean, std))
     if getattr(args, "image_size", None):       # finetune.py: the pretrained model's resolution
         steps.append(data.transforms.Resize(args.image_size))
@@ -222,9 +288,10 @@ def _loaders(args, train_set, test_set):
     test_steps = [data.Normalize(mean, std)]
     if getattr(args, "image_size", None):
         test_steps.append(data.transforms.Resize(args.image_size))
-    test = data.DataLoader(test_set, 2 * args.batch_size, transform=data.Compose(test_steps),
-                           device=args.device)
-    return train, test
+
+    def held_out(dataset):
+        return data.DataLoader(dataset, 2 * args.batch_size, transform=data.Compose(test_steps), device=args.device)
+    return train, held_out(val_set) if val_set is not None else None, held_out(test_set)
 
 
 # per-channel (mean, std) on the [0, 1] scale: "dataset" measures the training set; pretrained

@@ -1,12 +1,14 @@
-"""A run's files: the --out folder, its checkpoint and metrics, and continuing a run from them.
+"""A run's files: the --out folder, its checkpoints and metrics, and continuing a run from them.
 
-Every example writes ``checkpoint.npz`` (model, optimizer, schedule, history and the flags, after
-each epoch), ``metrics.json`` and ``curves.png`` into --out. ``--resume PATH|auto`` continues a
-run from its checkpoint: ``check_resumable`` refuses a checkpoint of another script, or model
-flags that contradict it (a resumed run keeps its architecture, data and pipeline), and
-``resume_into`` loads it and stretches the schedule when --epochs asks for more. ``check_out``
-makes sure a new run never silently replaces another. Ctrl-C ends a run with the command that
-continues it (``guard``).
+Every example writes ``checkpoint.npz`` (model, optimizer, schedule, history, the flags and what
+``tinymlp.predict`` needs, after each epoch), ``best.npz`` (the same, of the epoch with the best
+validation accuracy, when there is a validation set), ``metrics.json`` and ``curves.png`` into
+--out. ``--resume PATH|auto`` continues a run from its checkpoint: ``check_resumable`` refuses a
+checkpoint of another script, or model flags that contradict it (a resumed run keeps its
+architecture), and takes the data and pipeline options from it (one given again with another
+value is refused; nothing needs restating); ``resume_into`` loads it and stretches the schedule
+when --epochs asks for more. ``check_out`` makes sure a new run never silently replaces another.
+Ctrl-C ends a run with the command that continues it (``guard``).
 """
 
 from __future__ import annotations
@@ -14,24 +16,26 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
-from cli import CHECKPOINT, METRICS, UsageError, count, flag
+from cli import BEST, CHECKPOINT, METRICS, UsageError, check_data_flags, count, flag
 
 from tinymlp import CudaUnavailableError, backend, checkpoint, models, no_grad, optim, plot
 from tinymlp.checkpoint import CheckpointError
 from tinymlp.data import DatasetError
 from tinymlp.files import atomic_write
 from tinymlp.models import config as preset_config
-from tinymlp.nn import Module
-from tinymlp.train import History
+from tinymlp.predict import architecture, model_class
+from tinymlp.train import History, evaluate
 
 __all__ = [
-    "CONFUSION", "OWN_DATA", "RUN", "architecture", "check_classes", "check_out", "check_resumable", "confusion",
-    "guard", "interrupted_message", "is_text_preset", "model_class", "resume_command", "resume_into",
-    "resume_path", "script_of_checkpoint", "script_of_preset", "write_metrics",
+    "CONFUSION", "OWN_DATA", "RUN", "architecture", "best_epoch", "check_classes", "check_out", "check_resumable",
+    "confusion", "describe_test", "final_test", "guard", "interrupted_message", "is_text_preset", "keep_best",
+    "model_class", "resume_command", "resume_into", "resume_path", "script_of_checkpoint", "script_of_preset",
+    "write_metrics",
 ]
 
 OWN_DATA = ("folder", "npz", "csv")     # datasets whose class names the user gives: confusion.png shows them
@@ -135,17 +139,79 @@ def _check_writable(out: Path):
         raise UsageError(f"--out {out}: not writable{where}; choose a folder you can write to")
 
 
-def write_metrics(out: Path, args, model, history):
-    """metrics.json: the configuration and the per-epoch history (the validation set is the test split)."""
+def write_metrics(out: Path, args, model, history, splits=None, test=None, lower_loss=False):
+    """metrics.json: the configuration, the splits (``splits``: {"train", "validation", "test"} ->
+    a description of each), the per-epoch history (its ``val_*`` are the validation set's), the
+    best epoch, and the test results (``test``, reported once, at the end; None until then)."""
     h = history.to_dict()
     last = {k: v[-1] for k, v in h.items()} if len(history) else {}
+    best = best_epoch(history, lower_loss)
     payload = {
         "model": type(model).__name__, "model_config": model.config, "parameters": model.num_parameters(),
-        "dataset": args.dataset, "validation": "the test split", "args": vars(args),
-        "final": last, "history": h,
+        "dataset": args.dataset, "splits": splits or {},
+        "validation": (splits or {}).get("validation") or "none (--val-fraction 0): the history has no validation",
+        "best_epoch": best, "test": test, "args": vars(args), "final": last, "history": h,
     }
     text = json.dumps(payload, indent=2, allow_nan=True) + "\n"
     atomic_write(out / METRICS, lambda f: f.write(text), what="metrics.json", binary=False)
+
+
+def best_epoch(history, lower_loss=False):
+    """The epoch (counted from 1) with the best validation accuracy (ties: the lower loss, then the
+    earlier epoch), or the lowest validation loss with ``lower_loss``; None without validation."""
+    rows = [(e, loss, acc) for e, loss, acc in zip(history.epoch, history.val_loss, history.val_acc)
+            if loss is not None and np.isfinite(loss)]
+    if not rows:
+        return None
+    key = (lambda r: (r[1], r[0])) if lower_loss else (lambda r: (-r[2], r[1], r[0]))
+    return min(rows, key=key)[0]
+
+
+def final_test(out: Path, model, test_loader, history, limit_batches=None, loss_fn=None, lower_loss=False) -> dict:
+    """The test set, evaluated once, at the end: with the last epoch's model (checkpoint.npz) and,
+    when the best validation epoch is another one, with best.npz's, which ``model`` then holds
+    (the model ``tinymlp.predict`` uses for the run folder). The results as metrics.json keeps them."""
+    kwargs = {} if loss_fn is None else {"loss_fn": loss_fn}
+    last = history.epoch[-1] if len(history) else 0
+    loss, acc = evaluate(model, test_loader, limit_batches, **kwargs)
+    result = {"last": {"epoch": last, "checkpoint": CHECKPOINT, "loss": loss, "accuracy": acc}}
+    best = best_epoch(history, lower_loss)
+    result["used"] = f"{CHECKPOINT}, epoch {last}"
+    if best is not None and (out / BEST).is_file():
+        if best == last:
+            result["best"] = {**result["last"], "checkpoint": BEST}
+        else:
+            checkpoint.load(out / BEST, model)
+            loss, acc = evaluate(model, test_loader, limit_batches, **kwargs)
+            result["best"] = {"epoch": best, "checkpoint": BEST, "loss": loss, "accuracy": acc}
+        result["used"] = f"{BEST}, epoch {best}"
+    if limit_batches:
+        result["limit_batches"] = limit_batches
+    return result
+
+
+def describe_test(test) -> str:
+    """'test accuracy 81.25%, test loss 0.4123 (best.npz, epoch 3; the last epoch, 5: 80.00%)'."""
+    chosen = test.get("best", test["last"])
+    limited = f", first {test['limit_batches']} batches" if test.get("limit_batches") else ""
+    text = (f"test accuracy {100 * chosen['accuracy']:.2f}%, test loss {chosen['loss']:.4f} "
+            f"({test['used']}{limited}")
+    if chosen["epoch"] != test["last"]["epoch"]:
+        text += f"; the last epoch, {test['last']['epoch']}: {100 * test['last']['accuracy']:.2f}%"
+    return text + ")"
+
+
+def keep_best(out: Path, epoch, history, lower_loss=False) -> bool:
+    """After ``epoch``'s checkpoint.npz is written: copy it to best.npz when that epoch is the best
+    so far (``best_epoch``); whether it was."""
+    if best_epoch(history, lower_loss) != epoch:
+        return False
+
+    def copy(f):
+        with open(out / CHECKPOINT, "rb") as src:
+            shutil.copyfileobj(src, f)
+    atomic_write(out / BEST, copy, what=BEST)
+    return True
 
 
 def confusion(model, loader, classes, path, limit_batches=None, title=None):
@@ -167,22 +233,7 @@ def confusion(model, loader, classes, path, limit_batches=None, title=None):
 
 
 # ---------------------------------------------------------------------- which script wrote a checkpoint
-def model_class(name):
-    """A model class of tinymlp.models named in a checkpoint (only those: a name read from a
-    file never selects anything else)."""
-    cls = getattr(models, name, None) if isinstance(name, str) and name in models.__all__ else None
-    if not (isinstance(cls, type) and issubclass(cls, Module)):
-        raise UsageError(f"the checkpoint names the model class {name!r}, which is not one of tinymlp.models")
-    return cls
-
-
-def architecture(meta):
-    """(model class, kwargs) of a checkpoint: its preset's class, or (fine-tuned runs) its model class."""
-    if meta["preset"] in models.PRESETS:
-        return preset_config(meta["preset"], **meta["model_config"])
-    return model_class(meta.get("model_class")), dict(meta["model_config"])
-
-
+# model_class and architecture: a checkpoint's model, as tinymlp.predict builds it
 SCRIPTS = {"MLPMixer": "train_cifar_mixer.py", "GMLP": "train_cifar_gmlp.py", "AMLP": "train_cifar_gmlp.py"}
 CIFAR_SCRIPTS = ("train_cifar_mixer.py", "train_cifar_gmlp.py")
 
@@ -232,27 +283,39 @@ def resume_path(args, out: Path):
 RESUMED_OPTIMISATION = ("lr", "weight_decay")
 
 
-# what a resumed run always takes from its checkpoint (a different value given now is refused):
-# the input pipeline and the data, compared as the model flags are
-RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize")
-RESUMED_DATA = ("synthetic_size", "synthetic_task", "text", "max_vocab", "mask_prob", "flip", "mixup", "cutmix",
-                "label_smoothing", "batch_size", "test_fraction", "text_column", "label_column", "pair_column")
-PIPELINE_DEFAULTS = {"optimizer": "adamw", "schedule": "linear"}   # for checkpoints whose args lack these flags
+# what a resumed run always takes from its checkpoint (nothing needs restating; a different value
+# given now is refused): the input pipeline, the weights it started from, and the data
+RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize", "pretrained")
+RESUMED_DATA = ("dataset", "data_dir", "train_file", "test_file", "text", "synthetic_size", "synthetic_task",
+                "max_vocab", "mask_prob", "flip", "mixup", "cutmix", "label_smoothing", "batch_size", "test_fraction",
+                "val_fraction", "text_column", "label_column", "pair_column")
+PATHS = ("data_dir", "train_file", "test_file", "text", "pretrained")     # compared as the files they name
+# for checkpoints whose args lack a flag: the value their run had (no validation split before --val-fraction)
+PIPELINE_DEFAULTS = {"optimizer": "adamw", "schedule": "linear", "val_fraction": 0.0}
+
+
+def _same(name, given, saved) -> bool:
+    if name in PATHS and given is not None and saved is not None:
+        return os.path.abspath(os.path.expanduser(str(given))) == os.path.abspath(os.path.expanduser(str(saved)))
+    return given == saved
 
 
 def _keep_pipeline(args, meta, explicit, resume):
     """A resumed run keeps the checkpoint's pipeline and data options: one given now with
     another value is refused; one left out takes the checkpoint's value."""
     saved_args = meta["args"]
+    saved_args = {**saved_args, "dataset": meta.get("dataset", saved_args.get("dataset"))}
     for name in RESUMED_PIPELINE + RESUMED_DATA:
         if not hasattr(args, name) or (name not in saved_args and name not in PIPELINE_DEFAULTS):
             continue
         saved = saved_args.get(name, PIPELINE_DEFAULTS.get(name))
-        if name in explicit and getattr(args, name) != saved:
+        if name in explicit and not _same(name, getattr(args, name), saved):
             what = "its data" if name in RESUMED_DATA else "it"
-            raise UsageError(f"--resume {resume}: the run was trained with {flag(name)} {saved}; a resumed run "
+            shown = "(none)" if saved is None else saved
+            raise UsageError(f"--resume {resume}: the run was trained with {flag(name)} {shown}; a resumed run "
                              f"keeps {what} (leave {flag(name)} out, or give a new --out for a new run)")
         setattr(args, name, saved)
+    check_data_flags(args)
 
 
 def check_resumable(resume, meta, args, explicit, script=None):
@@ -284,8 +347,6 @@ def check_resumable(resume, meta, args, explicit, script=None):
         raise UsageError(f"--resume {resume}: the model flags given differ from the checkpoint's model "
                          f"({meta['preset']}): {', '.join(differences)}; a resumed run keeps the checkpoint's "
                          "architecture: leave these flags out, or give a new --out to train the new model")
-    if meta.get("dataset") != args.dataset:
-        raise UsageError(f"{resume} was trained on {meta.get('dataset')}, not on --dataset {args.dataset}")
     _keep_pipeline(args, meta, explicit, resume)
 
 

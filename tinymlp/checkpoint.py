@@ -26,8 +26,9 @@ disk, then renamed over the old checkpoint in one step (``os.replace``). A crash
 leaves the previous checkpoint intact, and the next save to that path deletes the temporary
 file the crash left behind.
 
-Loading checks before it trusts: a file that is empty, truncated, damaged, a plain ``.npy``,
-or not a checkpoint at all raises one ``CheckpointError`` naming the file and what is wrong;
+Loading checks before it trusts: a file that is empty, truncated, damaged (an array whose
+header declares more bytes than the file holds), a plain ``.npy``, or not a checkpoint at all
+raises one ``CheckpointError`` naming the file and what is wrong;
 an optimizer state is only loaded into an optimizer of the type that saved it. Every value is
 checked before anything changes (``load`` is all or nothing): the model's arrays as
 ``Module.load_state_dict`` checks them (shape; floating point, finite and within range for a
@@ -272,11 +273,17 @@ def _open(path):
     if not head.startswith(ZIP_MAGIC[:len(head)]) or len(head) < len(ZIP_MAGIC):
         raise CheckpointError(f"{path} is not a tinymlp checkpoint (it does not start like an .npz/zip "
                               f"file: first bytes {head[:4]!r}); {WHAT_IT_IS}")
+    problem = files.npz_problem(path)         # the arrays' headers, before anything is allocated
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
     try:
         with np.load(path, allow_pickle=False) as npz:
             yield npz
     except CheckpointError:
         raise
+    except MemoryError:
+        raise CheckpointError(f"{path}: an array in it is larger than the memory here (a damaged file, or "
+                              "a checkpoint too large for this machine)") from None
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error) as err:
         raise CheckpointError(f"{path} is damaged or truncated (an incomplete copy or download?): "
                               f"{type(err).__name__}: {_first_line(err)}") from None

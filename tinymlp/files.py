@@ -1,5 +1,6 @@
-"""Saving a file so that a failure never leaves half of it: ``atomic_write``, and the one
-naming of the temporary files and folders that stand in for a file until it is complete.
+"""Files written whole and read with care: ``atomic_write`` (a failure never leaves half a file),
+the one naming of the temporary files and folders that stand in for a file until it is complete,
+and ``npz_problem``, which reads the headers of an ``.npz`` file's arrays before any is loaded.
 
     atomic_write("run/vocab.json", lambda f: f.write(data), what="Tokenizer.save")
 
@@ -28,12 +29,16 @@ What the destination can be, and what happens:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
 import tempfile
 import warnings
+import zipfile
 
-__all__ = ["atomic_write", "remove_stale_temporaries", "temporary_file", "temporary_folder"]
+import numpy as np
+
+__all__ = ["atomic_write", "npz_problem", "remove_stale_temporaries", "temporary_file", "temporary_folder"]
 
 
 # ---------------------------------------------------------------------- temporary names
@@ -164,3 +169,43 @@ def _file_mode(path):
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+# ---------------------------------------------------------------------- reading an .npz
+def npz_problem(path):
+    """What is wrong with the arrays of the ``.npz`` file ``path``, in a sentence, or None.
+
+    Only the headers are read, before anything is allocated: an array that needs pickle (an
+    object array), or one whose header declares more bytes than its member holds (a damaged file
+    whose shape would ask NumPy for terabytes, a raw MemoryError) is named with its shape. A file
+    that is not a zip at all is left to the caller's own message (None)."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return None
+    with archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-len(".npy")]
+            try:
+                with archive.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        continue                        # a newer format: np.load reads it
+                    offset = f.tell()
+            except Exception as err:   # a damaged header: ValueError, zlib.error, EOFError, ...
+                return f"the array {name!r} has a damaged header ({type(err).__name__})"
+            if dtype.hasobject:
+                return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; tinymlp "
+                        "never unpickles: save plain numeric arrays (and text as a string array)")
+            declared = math.prod(shape) * dtype.itemsize
+            held = info.file_size - offset
+            if declared > held:
+                return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) but holds "
+                        f"{max(held, 0):,} bytes: the file is damaged or truncated")
+    return None

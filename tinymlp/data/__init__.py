@@ -12,7 +12,7 @@ sets, generated tasks, your own), the loaders that batch them and the image augm
 Without the network and without a copy of CIFAR, ``SyntheticImages`` is a drop-in
 replacement with the same shapes and interface. ``get_dataset(name, ...)`` picks one by name.
 
-Your own data: ``ImageFolder`` (root/train/<class>/*.png|jpg, needs Pillow) and ``load_npz``
+Your own data: ``ImageFolder`` (root/train/<class>/*.png|jpg or root/<class>/..., needs Pillow) and ``load_npz``
 (x_train, y_train, x_test, y_test) give ImageDatasets; ``read_text_table`` (a CSV/TSV file with
 a text and a label column) gives a TextDataset (``tinymlp.data.folder``, ``tinymlp.data.textfile``).
 
@@ -23,7 +23,8 @@ Text (``get_text_dataset(name, ...)`` picks one by name):
     loader = TokenLoader(train.encode(tok, max_len=128), batch_size=32, shuffle=True, rng=0)
 
 One concept a module: ``archive`` (where data lives; download, checksum, bounded unpacking),
-``cifar``, ``synthetic``, ``folder`` (images); ``loader`` (ImageDataset, DataLoader),
+``cifar``, ``synthetic``, ``folder`` (images); ``labels`` (the class and label rules every format
+shares, the held-out splits); ``loader`` (ImageDataset, DataLoader),
 ``transforms``; ``tokenizer``, ``text_loader`` (TextDataset, TokenDataset, TokenLoader,
 MaskedLMLoader), ``sentiment`` (SentencePolarity, SST2), ``text_tasks`` (the generated tasks),
 ``textfile`` (your own text).
@@ -31,7 +32,8 @@ MaskedLMLoader), ``sentiment`` (SentencePolarity, SST2), ``text_tasks`` (the gen
 
 from .archive import DatasetError, data_root
 from .cifar import ARCHIVES, CIFAR10, CIFAR10_MEAN, CIFAR10_STD, CIFAR100, CIFAR100_MEAN, CIFAR100_STD, Archive
-from .folder import IMAGE_SUFFIXES, ImageFolder, held_out_split, load_npz
+from .folder import IMAGE_SUFFIXES, ImageFolder, as_images, load_npz
+from .labels import check_class_names, held_out_split, number_labels
 from .loader import DataLoader, ImageDataset, channel_stats
 from .sentiment import SST2, TEXT_ARCHIVES, SentencePolarity, TextArchive
 from .synthetic import SyntheticImages
@@ -83,6 +85,7 @@ __all__ = [
     "normalize", "one_hot", "random_crop", "resize",
     "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES",
     "TEXT_DATASETS", "TextArchive", "TextDataset", "TokenDataset", "TokenLoader", "Tokenizer", "get_text_dataset",
-    "IMAGE_SUFFIXES", "ImageFolder", "held_out_split", "load_npz", "read_lines", "read_text_table",
+    "IMAGE_SUFFIXES", "ImageFolder", "as_images", "check_class_names", "held_out_split", "load_npz",
+    "number_labels", "read_lines", "read_text_table",
     "split_text_dataset",
 ]

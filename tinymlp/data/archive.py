@@ -22,7 +22,8 @@ Bounds: an archive with more than ``max_members`` members, or whose members woul
 more than ``max_unpacked`` bytes, is refused before anything is written (a crafted archive; the
 official ones hold a few files and about 180 MB); a download, or an archive found in the folder,
 larger than ``max_size`` bytes (set where no MD5 is pinned) is refused too. A data folder that is
-a file, cannot be created or cannot be written to is named in one sentence.
+a file, cannot be created or cannot be written to is named in one sentence; one created for a
+download that fails is removed again (a mistyped ``--data-dir`` is not left behind, empty).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ from pathlib import Path
 
 from ..files import temporary_file, temporary_folder
 
-__all__ = ["MAX_MEMBERS", "MAX_UNPACKED", "DatasetError", "data_root", "prepare"]
+__all__ = ["FETCH_AGAIN", "MAX_MEMBERS", "MAX_UNPACKED", "DatasetError", "data_root", "prepare"]
+
+# what to do about a damaged copy, for a command-line user and a Python user alike
+FETCH_AGAIN = ("run again to fetch a fresh copy (the example scripts download it unless --no-download is "
+               "given; in Python: download=True)")
 
 _CHUNK = 1 << 20
 MAX_MEMBERS = 1000            # the default bounds of an archive description (max_members / max_unpacked)
@@ -81,35 +86,57 @@ def prepare(spec, root=None, download=True, progress=True, *, check, advice) -> 
         raise DatasetError(f"{folder} is a file where the unpacked {spec.name} folder belongs: move or delete "
                            f"it and run again.")
     if folder.is_dir():
-        check(spec, folder, f"Delete the folder {folder} and run again with "
-                            f"download=True to fetch and unpack a fresh copy.")
+        check(spec, folder, f"Delete the folder {folder} and {FETCH_AGAIN}.")
         return folder
     archive = root / spec.filename
-    downloaded = False
     if archive.is_file():
         limit = getattr(spec, "max_size", None)
         if limit is not None and (size := archive.stat().st_size) > limit:
             raise DatasetError(
                 f"{archive} was refused: it is {size:,} bytes, more than the {limit:,} that {spec.name} can "
-                f"be (it is not the official archive); delete it and run again with download=True.")
+                f"be (it is not the official archive); delete it and {FETCH_AGAIN}.")
         actual = _md5(archive)
         if spec.md5 is not None and actual != spec.md5:
             raise DatasetError(
                 f"{archive} is corrupted or incomplete: its MD5 is {actual}, expected {spec.md5}. "
-                f"Delete it and run again with download=True to fetch a fresh copy.")
+                f"Delete it and {FETCH_AGAIN}.")
     elif not download:
         raise DatasetError(
             f"{spec.name} was not found in {root} and download=False. Pass download=True (in the "
             f"example scripts: leave out --no-download) to fetch it. " + advice(spec, root))
     else:
+        created = _missing_folders(root)
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DatasetError(_unwritable(root, exc, "create")) from None
-        _download(spec, archive, progress, advice)
-        downloaded = True
-    _extract(spec, archive, root, downloaded, check)
+        try:
+            _download(spec, archive, progress, advice)
+            _extract(spec, archive, root, True, check)
+        except BaseException:
+            _remove_empty(created)      # a mistyped root is not left behind, created and empty
+            raise
+        return folder
+    _extract(spec, archive, root, False, check)      # an archive found in root
     return folder
+
+
+def _missing_folders(root: Path) -> list:
+    """``root`` and those of its parents that do not exist yet, deepest first."""
+    missing, folder = [], root.absolute()
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders) -> None:
+    """Remove the ``folders`` (deepest first) that are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _unwritable(root: Path, exc: OSError, action="write in") -> str:
@@ -192,8 +219,7 @@ def _extract(spec, archive: Path, root: Path, remove_on_failure: bool, check) ->
     """
     if not hasattr(tarfile, "data_filter"):
         raise DatasetError("unpacking safely needs tarfile's extraction filters (Python >= 3.11.4)")
-    fix = ("The downloaded archive was removed." if remove_on_failure else
-           "Delete it and run again with download=True to fetch a fresh copy.")
+    fix = ("The downloaded archive was removed." if remove_on_failure else f"Delete it and {FETCH_AGAIN}.")
     try:
         tmp = Path(temporary_folder(root / spec.folder, suffix=".unpacking"))
     except OSError as exc:

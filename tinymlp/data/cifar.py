@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .archive import MAX_MEMBERS, MAX_UNPACKED, DatasetError, prepare
+from .archive import FETCH_AGAIN, MAX_MEMBERS, MAX_UNPACKED, DatasetError, prepare
 from .loader import ImageDataset
 
 __all__ = [
@@ -141,8 +141,7 @@ def _read_split(spec: Archive, folder: Path, train: bool):
         if labels[:, j].max(initial=0) >= num_classes:
             raise DatasetError(
                 f"{folder}: a record holds label {labels[:, j].max()} but {name} names only "
-                f"{num_classes} classes; the data is corrupted. Delete the folder and run "
-                f"again with download=True.")
+                f"{num_classes} classes; the data is corrupted. Delete the folder and {FETCH_AGAIN}.")
     return labels, images
 
 
@@ -151,7 +150,7 @@ def _read_names(path: Path, num_classes: int) -> tuple:
     if len(names) != num_classes:
         raise DatasetError(
             f"{path} names {len(names)} classes, expected {num_classes}; the file is corrupted. "
-            f"Delete its folder and run again with download=True.")
+            f"Delete its folder and {FETCH_AGAIN}.")
     return names
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .archive import MAX_MEMBERS, MAX_UNPACKED, DatasetError, prepare
+from .archive import FETCH_AGAIN, MAX_MEMBERS, MAX_UNPACKED, DatasetError, prepare
 from .text_loader import TextDataset
 
 __all__ = ["SST2", "TEXT_ARCHIVES", "SentencePolarity", "TextArchive", "prepare_text"]
@@ -94,7 +94,7 @@ def _utf8_lines(path, folder):
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise DatasetError(f"{path}, line {line}: the bytes are not UTF-8 (the file is corrupted); delete "
-                           f"{folder} and run again with download=True.") from None
+                           f"{folder} and {FETCH_AGAIN}.") from None
 
 
 def _check_files(spec, folder, fix):
@@ -136,7 +136,7 @@ class SST2(TextDataset):
         rows = _utf8_lines(path, self.root)
         if not rows or rows[0].split("\t") != ["sentence", "label"]:
             raise DatasetError(f"{path}: expected the header 'sentence<TAB>label'. Delete {self.root} and "
-                               f"run again with download=True.")
+                               f"{FETCH_AGAIN}.")
         texts, labels = [], []
         for k, row in enumerate(rows[1:], start=2):
             sentence, _, label = row.rpartition("\t")

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..backend import module_for_device, parse_device, to_device
 from ..tensor import Tensor
-from .loader import check_range
+from .loader import as_count, as_fraction, check_range
 
 __all__ = ["MaskedIds", "MaskedLMLoader", "TextDataset", "TokenDataset", "TokenLoader"]
 
@@ -56,6 +56,7 @@ class TextDataset:
     def encode(self, tokenizer, max_len=128) -> "TokenDataset":
         """Ids cut and padded to ``max_len``; ``.truncated`` counts the examples that were cut
         (only a row without padding can have been: those are measured again uncut)."""
+        max_len = as_count(max_len, "TextDataset.encode: max_len")
         ids, _ = tokenizer.encode_batch(self.texts, self.pairs, max_len)
         pairs = self.pairs or [None] * len(self)
         full = np.flatnonzero(ids[:, -1] != tokenizer.pad_id)
@@ -100,9 +101,8 @@ class TokenLoader:
     interface as ``DataLoader`` (``rng`` drives the shuffling; ``len`` = batches per epoch)."""
 
     def __init__(self, dataset, batch_size, shuffle=False, drop_last=False, rng=None, device="cpu"):
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.dataset, self.batch_size = dataset, int(batch_size)
+        self.dataset = dataset
+        self.batch_size = as_count(batch_size, f"{type(self).__name__}: batch_size")
         self.shuffle, self.drop_last = shuffle, drop_last
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(0 if rng is None else rng)
         self.device = parse_device(device)
@@ -147,7 +147,7 @@ class MaskedIds(Tensor):
 class MaskedLMLoader(TokenLoader):
     """Batches ``(masked ids, targets)`` for masked-LM training on a TokenDataset (labels unused).
 
-    Each real, non-special token is hidden behind [MASK] with probability ``mask_prob`` (15% as
+    Each real, non-special token is hidden behind [MASK] with probability ``mask_prob`` (in (0, 1]; 15% as
     in BERT; at least one per batch); ``targets`` are the hidden ids in row-major order, the
     order in which ``TextGMLP`` returns the [MASK] rows' logits. The ids come as ``MaskedIds``,
     which carry those positions. (BERT also leaves 10% of the
@@ -156,6 +156,7 @@ class MaskedLMLoader(TokenLoader):
     """
 
     def __init__(self, dataset, batch_size, mask_prob=0.15, mask_id=4, first_normal_id=5, fixed=False, **kwargs):
+        mask_prob = as_fraction(mask_prob, "MaskedLMLoader: mask_prob", low_ok=False)
         super().__init__(dataset, batch_size, **kwargs)
         self.mask_prob, self.mask_id, self.first_normal_id, self.fixed = mask_prob, mask_id, first_normal_id, fixed
         self._seed = int(self.rng.integers(2**31))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .loader import as_count
 from .text_loader import TextDataset
 
 __all__ = ["CONTENT", "FILLER", "OrderTask", "PairLookupTask", "PairMatchTask"]
@@ -33,6 +34,8 @@ CONTENT = ("apple", "river", "stone", "cloud", "tiger", "violin", "garden", "roc
 def OrderTask(num_examples=2000, seq_words=12, seed=0, train=True, markers=("red", "blue")):
     """Which marker comes first? ``seq_words`` words: fillers, and ``markers`` once each at two
     random places; label 0 when the first marker comes first, 1 otherwise (balanced)."""
+    num_examples = as_count(num_examples, "OrderTask: num_examples")
+    seq_words = as_count(seq_words, "OrderTask: seq_words", minimum=2)
     rng = np.random.default_rng([seed, 0 if train else 1])
     texts, labels = [], np.zeros(num_examples, dtype=np.int64)
     for n in range(num_examples):
@@ -48,6 +51,9 @@ def PairMatchTask(num_examples=2000, words_per_side=4, vocab=16, seed=0, train=T
     """Do two sentences share a word? Each side holds ``words_per_side`` distinct words out of the
     first ``vocab`` CONTENT words; label 1 (half the examples): exactly one word in common, at a
     random place on each side; label 0: none in common."""
+    num_examples = as_count(num_examples, "PairMatchTask: num_examples")
+    words_per_side = as_count(words_per_side, "PairMatchTask: words_per_side")
+    vocab = as_count(vocab, "PairMatchTask: vocab")
     if not 2 * words_per_side <= vocab <= len(CONTENT):
         raise ValueError(f"PairMatchTask: vocab must lie in [{2 * words_per_side}, {len(CONTENT)}]")
     rng = np.random.default_rng([seed, 2 if train else 3])
@@ -75,6 +81,8 @@ def PairLookupTask(num_examples=2000, words=5, vocab=16, seed=0, train=True):
     20,000 pairs gMLP learns it too). Give the model position
     embeddings (``position="learned"``) and a tokenizer that keeps each word whole
     (``vocab_size=200``), or a ``max_len`` that fits: ``encode(...).truncated`` counts the cut."""
+    num_examples = as_count(num_examples, "PairLookupTask: num_examples")
+    words, vocab = as_count(words, "PairLookupTask: words"), as_count(vocab, "PairLookupTask: vocab")
     if not 1 < words <= vocab <= len(CONTENT):
         raise ValueError(f"PairLookupTask: need 1 < words <= vocab <= {len(CONTENT)}")
     rng = np.random.default_rng([seed, 4 if train else 5])

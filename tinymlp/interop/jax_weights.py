@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..models import MLPMixer, ViT
-from .tables import SAME, count_blocks, family_of_arch, grid_image_size, load_table, pair, strip_prefix
+from .tables import (
+    SAME, build, count_blocks, family_of_arch, grid_image_size, load_table, need_shape, pair, strip_prefix,
+)
 from .weight_files import InteropError, load_source
 
 __all__ = ["from_jax_npz", "from_jax_state"]
@@ -93,11 +95,12 @@ def from_jax_state(arrays, what, arch, num_classes, gelu, image_size, config):
     family = family_of_arch(arch) if arch is not None else None
     if family not in ("mixer", "vit"):
         raise InteropError(f"{what}: not an official Mixer (stem/kernel) or ViT (embedding/kernel) checkpoint")
-    stem = state["stem/kernel" if family == "mixer" else "embedding/kernel"]
+    stem = need_shape(state, "stem/kernel" if family == "mixer" else "embedding/kernel", 4,
+                      "a conv kernel (P, P, C_in, C)", what)
     ph, pw, cin, dim = stem.shape
     patch = ph if ph == pw else (ph, pw)
     has_head = "head/kernel" in state
-    source_classes = state["head/kernel"].shape[-1] if has_head else None
+    source_classes = need_shape(state, "head/kernel", 2, "(dim, classes)", what).shape[-1] if has_head else None
     has_pre_logits = "pre_logits/kernel" in state
     if has_pre_logits and (num_classes is None or num_classes == source_classes):
         raise InteropError(f"{what} has a pre_logits layer (a tanh 'representation' before its head), which "
@@ -107,24 +110,27 @@ def from_jax_state(arrays, what, arch, num_classes, gelu, image_size, config):
         raise InteropError(f"{what} has no head: pass num_classes=K")
     keep_head = has_head and (num_classes is None or num_classes == source_classes)
     if family == "mixer":
-        depth = count_blocks(state, "MixerBlock_{}/token_mixing/Dense_0/kernel")
-        token_w = state["MixerBlock_0/token_mixing/Dense_0/kernel"]               # (S, D_S)
+        depth = count_blocks(state, "MixerBlock_{}/token_mixing/Dense_0/kernel", what)
+        token_w = need_shape(state, "MixerBlock_0/token_mixing/Dense_0/kernel", 2, "(S, D_S)", what)
         cls, kwargs = MLPMixer, dict(
             image_size=grid_image_size(token_w.shape[0], pair(patch), image_size, what), patch_size=patch,
             in_channels=cin, dim=dim, depth=depth, token_mlp_dim=token_w.shape[1],
-            channel_mlp_dim=state["MixerBlock_0/channel_mixing/Dense_0/kernel"].shape[1], eps=1e-6)
+            channel_mlp_dim=need_shape(state, "MixerBlock_0/channel_mixing/Dense_0/kernel", 2, "(C, D_C)", what).shape[1],
+            eps=1e-6)
         table = _jax_mixer_table(depth, keep_head)
     else:
-        depth = count_blocks(state, "Transformer/encoderblock_{}/LayerNorm_0/scale")
-        pos = state["Transformer/posembed_input/pos_embedding"]
-        heads = state["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape[1]
+        depth = count_blocks(state, "Transformer/encoderblock_{}/LayerNorm_0/scale", what)
+        pos = need_shape(state, "Transformer/posembed_input/pos_embedding", 3, "(1, tokens, dim)", what)
+        heads = need_shape(state, "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel", 3,
+                           "(dim, heads, head dim)", what).shape[1]
         cls, kwargs = ViT, dict(
             image_size=grid_image_size(pos.shape[1] - 1, pair(patch), image_size, what), patch_size=patch,
             in_channels=cin, dim=dim, depth=depth, heads=heads,
-            mlp_dim=state["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1], eps=1e-6)
+            mlp_dim=need_shape(state, "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel", 2, "(dim, hidden)",
+                               what).shape[1], eps=1e-6)
         table = _jax_vit_table(depth, keep_head)
     kwargs.update(num_classes=source_classes if num_classes is None else int(num_classes), gelu=gelu, **config)
-    model = cls(**kwargs)
+    model = build(cls, kwargs, what)
     ignored = {"head/kernel", "head/bias", "pre_logits/kernel", "pre_logits/bias"} if not keep_head else set()
     load_table(model, state, table, ignored, what, f"official {family} checkpoint", convert=_from_flax)
     return model

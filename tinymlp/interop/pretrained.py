@@ -12,7 +12,9 @@ import numpy as np
 
 from .jax_weights import from_jax_state
 from .timm_weights import from_timm_state
-from .weight_files import load_source, read_weights, safetensors_modules, sniff_format
+from .weight_files import InteropError, load_source, read_weights, safetensors_header, sniff_format
+
+CHECKPOINT_HEADER = "__header__"        # the entry that makes an .npz a tinymlp training checkpoint
 
 __all__ = ["is_flax", "load_pretrained", "weights_source"]
 
@@ -30,17 +32,25 @@ def load_pretrained(source, *, num_classes=None, heads=None, gelu=None, image_si
 
 
 def weights_source(path) -> str:
-    """"jax" (official Flax names), "tinymlp" (written by ``save_timm``) or "timm", from the
-    names and header of a weights file alone (the arrays are not read)."""
+    """"jax" (official Flax names), "tinymlp" (written by ``save_timm``), "timm", or "checkpoint"
+    (a training checkpoint of tinymlp, ``tinymlp.checkpoint.save``), from the names and header of
+    a weights file alone (the arrays are not read)."""
     path = Path(path)
     kind = sniff_format(path) if path.is_file() else "unknown"
     if kind == "npz":
-        with np.load(path, allow_pickle=False) as npz:
-            names, meta = npz.files, {"tinymlp": "1"} if "__tinymlp_meta__" in npz.files else {}
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                names = npz.files
+        except Exception as err:       # a damaged zip: one sentence naming the file
+            raise InteropError(f"{path} is damaged or truncated (an incomplete download?): "
+                               f"{type(err).__name__}") from None
+        if CHECKPOINT_HEADER in names:
+            return "checkpoint"
+        meta = {"tinymlp": "1"} if "__tinymlp_meta__" in names else {}
     elif kind == "safetensors":
-        _, safe_open = safetensors_modules()
-        with safe_open(str(path), framework="numpy") as f:
-            names, meta = list(f.keys()), dict(f.metadata() or {})
+        header = safetensors_header(path)            # checked against the file's size: truncated is named
+        names = [k for k in header if k != "__metadata__"]
+        meta = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
     else:
         read_weights(path)          # raises the right error (missing, pickle, unknown format)
         names, meta = [], {}

@@ -13,10 +13,11 @@ import math
 
 import numpy as np
 
-from ..nn.module import value_problem
+from ..nn.module import StateDictError, value_problem
 from .weight_files import InteropError
 
-__all__ = ["SAME", "count_blocks", "family_of_arch", "grid_image_size", "load_table", "need", "pair", "strip_prefix"]
+__all__ = ["SAME", "build", "count_blocks", "family_of_arch", "grid_image_size", "load_table", "need", "need_shape", "pair",
+           "strip_prefix"]
 
 FAMILIES = ("mixer", "gmlp", "vit")
 
@@ -62,7 +63,19 @@ def load_table(model, state, table, ignored, what, source_name, convert):
     if not any(ours == "head.weight" for ours, _, _ in table):
         converted["head.weight"] = np.zeros_like(model.head.weight.data)    # zero head, as a new model has
         converted["head.bias"] = np.zeros_like(model.head.bias.data)
-    model.load_state_dict(converted)
+    try:
+        model.load_state_dict(converted)
+    except StateDictError as err:      # shapes that do not fit the sizes read off the other weights
+        raise InteropError(f"{what}: the weights do not fit one {source_name} model ({err}); the file is "
+                           "damaged or mixes two models") from None
+
+
+def build(cls, kwargs, what):
+    """``cls(**kwargs)``, a constructor's refusal of the sizes read off the weights as an InteropError."""
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise InteropError(f"{what}: the sizes read off its weights do not make a {cls.__name__} ({err})") from None
 
 
 # ---------------------------------------------------------------------- sizes read off the weights
@@ -73,14 +86,24 @@ def need(state, key, what):
     return state[key]
 
 
-def count_blocks(state, probe):
+def count_blocks(state, probe, what="the weights"):
     """How many blocks: the first i for which ``probe.format(i)`` is not a name in ``state``."""
     depth = 0
     while probe.format(depth) in state:
         depth += 1
     if depth == 0:
-        raise InteropError(f"no blocks found (no {probe.format(0)!r})")
+        raise InteropError(f"{what}: no blocks found (no {probe.format(0)!r}); the file is incomplete or not a "
+                           "checkpoint of this architecture")
     return depth
+
+
+def need_shape(state, key, ndim, layout, what):
+    """``state[key]`` (see ``need``), which must have ``ndim`` dimensions, as ``layout`` says."""
+    value = need(state, key, what)
+    shape = tuple(np.shape(value))
+    if len(shape) != ndim:
+        raise InteropError(f"{what}: {key!r} has shape {shape}; expected {layout} ({ndim} dimensions)")
+    return value
 
 
 def grid_image_size(num_tokens, patch, image_size, what):

@@ -40,7 +40,9 @@ import numpy as np
 
 from ..files import atomic_write
 from ..models import AMLP, GMLP, MLPMixer, ViT
-from .tables import SAME, count_blocks, family_of_arch, grid_image_size, load_table, need, pair, strip_prefix
+from .tables import (
+    SAME, build, count_blocks, family_of_arch, grid_image_size, load_table, need, need_shape, pair, strip_prefix,
+)
 from .weight_files import InteropError, as_numpy, load_source, save_safetensors
 
 __all__ = ["TIMM_TABLES", "create_timm_model", "from_timm", "from_timm_state", "save_timm", "to_timm"]
@@ -137,9 +139,9 @@ def _family_of_timm(state, arch):
     )
 
 
-def _patch(weight):
-    """(C, C_in, P_h, P_w) conv weight -> (C_in, patch size: int or pair, C)."""
-    c, cin, ph, pw = weight.shape
+def _patch(state, key, what):
+    """(C_in, patch size: int or pair, C) of the (C, C_in, P_h, P_w) conv weight ``state[key]``."""
+    c, cin, ph, pw = need_shape(state, key, 4, "a conv kernel (C, C_in, P, P)", what).shape
     return cin, (ph if ph == pw else (ph, pw)), c
 
 
@@ -159,26 +161,28 @@ def _vit_heads(arch, heads, what):
 
 def _timm_config(family, state, arch, heads, what, image_size):
     if family == "vit":
-        cin, patch, dim = _patch(need(state, "patch_embed.proj.weight", what))
-        pos = need(state, "pos_embed", what)
-        depth = count_blocks(state, "blocks.{}.attn.qkv.weight")
+        cin, patch, dim = _patch(state, "patch_embed.proj.weight", what)
+        pos = need_shape(state, "pos_embed", 3, "(1, tokens, dim)", what)
+        depth = count_blocks(state, "blocks.{}.attn.qkv.weight", what)
         return ViT, dict(
             image_size=grid_image_size(pos.shape[1] - 1, pair(patch), image_size, what), patch_size=patch,
             in_channels=cin, dim=dim, depth=depth, heads=_vit_heads(arch, heads, what),
-            mlp_dim=need(state, "blocks.0.mlp.fc1.weight", what).shape[0], eps=1e-6)
-    cin, patch, dim = _patch(need(state, "stem.proj.weight", what))
+            mlp_dim=need_shape(state, "blocks.0.mlp.fc1.weight", 2, "(hidden, dim)", what).shape[0], eps=1e-6)
+    cin, patch, dim = _patch(state, "stem.proj.weight", what)
     if family == "mixer":
-        depth = count_blocks(state, "blocks.{}.mlp_tokens.fc1.weight")
-        token_w = state["blocks.0.mlp_tokens.fc1.weight"]                 # (D_S, S)
+        depth = count_blocks(state, "blocks.{}.mlp_tokens.fc1.weight", what)
+        token_w = need_shape(state, "blocks.0.mlp_tokens.fc1.weight", 2, "(D_S, S)", what)
         return MLPMixer, dict(
             image_size=grid_image_size(token_w.shape[1], pair(patch), image_size, what), patch_size=patch,
             in_channels=cin, dim=dim, depth=depth, token_mlp_dim=token_w.shape[0],
-            channel_mlp_dim=need(state, "blocks.0.mlp_channels.fc1.weight", what).shape[0], eps=1e-6)
-    depth = count_blocks(state, "blocks.{}.mlp_channels.gate.proj.weight")
-    seq_len = state["blocks.0.mlp_channels.gate.proj.weight"].shape[0]    # (S, S)
+            channel_mlp_dim=need_shape(state, "blocks.0.mlp_channels.fc1.weight", 2, "(D_C, C)", what).shape[0],
+            eps=1e-6)
+    depth = count_blocks(state, "blocks.{}.mlp_channels.gate.proj.weight", what)
+    seq_len = need_shape(state, "blocks.0.mlp_channels.gate.proj.weight", 2, "(S, S)", what).shape[0]
     return GMLP, dict(
         image_size=grid_image_size(seq_len, pair(patch), image_size, what), patch_size=patch, in_channels=cin,
-        dim=dim, depth=depth, ffn_dim=need(state, "blocks.0.mlp_channels.fc1.weight", what).shape[0], eps=1e-6,
+        dim=dim, depth=depth, ffn_dim=need_shape(state, "blocks.0.mlp_channels.fc1.weight", 2, "(d_ffn, C)", what).shape[0],
+        eps=1e-6,
         sgu_eps=1e-5)
 
 
@@ -216,12 +220,12 @@ def from_timm_state(state, meta, what, arch, num_classes, heads, gelu, image_siz
         if name in saved and name in kwargs:
             kwargs[name] = saved[name]
     has_head = "head.weight" in state
-    source_classes = state["head.weight"].shape[0] if has_head else None
+    source_classes = need_shape(state, "head.weight", 2, "(classes, dim)", what).shape[0] if has_head else None
     if num_classes is None and source_classes is None:
         raise InteropError(f"{what} has no classifier head (timm num_classes=0): pass num_classes=K")
     keep_head = has_head and (num_classes is None or num_classes == source_classes)
     kwargs.update(num_classes=source_classes if num_classes is None else int(num_classes), **config)
-    model = cls(**kwargs)
+    model = build(cls, kwargs, what)
     table = TIMM_TABLES[family](kwargs["depth"], head=keep_head)
     ignored = {"head.weight", "head.bias"} if has_head and not keep_head else set()
     load_table(model, state, table, ignored, what, f"timm {family}", convert=_to_tinymlp_layout)
@@ -291,7 +295,7 @@ def save_timm(model, path) -> None:
         atomic_write(path, lambda f: np.savez(f, allow_pickle=False, __tinymlp_meta__=blob, **weights),
                      what="save_timm")
         return
-    save_safetensors(path, weights, metadata=meta)
+    save_safetensors(path, weights, metadata=meta, what="save_timm")
 
 
 def _mlp_ratio(hidden, dim):

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_write
+from ..files import atomic_write, npz_problem
 
 __all__ = [
     "InteropError", "PickleRefusedError", "as_numpy", "conversion_command", "load_safetensors", "load_source",
-    "read_weights", "safetensors_modules", "save_safetensors", "sniff_format",
+    "read_weights", "safetensors_header", "safetensors_modules", "save_safetensors", "sniff_format",
 ]
 
 SAFETENSORS_HINT = 'pip install safetensors (or pip install -e ".[interop]" from your tinymlp checkout)'
@@ -98,9 +98,21 @@ def read_weights(path) -> tuple[dict, dict]:
     if kind == "pickle" or (kind == "unknown" and path.suffix.lower() in PICKLED_SUFFIXES):
         _refuse_pickle(path)
     if kind == "npz":
+        problem = npz_problem(path)        # object arrays, shapes larger than the file: named, not loaded
+        if problem is not None:
+            raise InteropError(f"{path}: {problem}")
         try:
             with np.load(path, allow_pickle=False) as npz:
+                if "__header__" in npz.files:
+                    raise InteropError(
+                        f"{path} is a tinymlp training checkpoint (checkpoint.save), not a weights file: "
+                        f"build its model with tinymlp.predict.load_model({os.fspath(path)!r}) "
+                        "(examples/finetune.py --pretrained takes it as it is)")
                 arrays = {k: npz[k] for k in npz.files}
+        except InteropError:
+            raise
+        except MemoryError:
+            raise InteropError(f"{path}: an array in it is larger than the memory here") from None
         except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error) as err:
             raise InteropError(f"{path} is damaged or truncated (an incomplete download?): {_first_line(err)}") \
                 from None
@@ -129,7 +141,7 @@ def safetensors_modules():
 
 
 # ---------------------------------------------------------------------- writing
-def save_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
+def save_safetensors(path, tensors: dict, metadata: dict | None = None, *, what="save_safetensors") -> None:
     """Write name -> array (NumPy, or anything ``np.asarray`` takes) as a .safetensors file.
 
     ``metadata`` (str -> str) goes into the file's header; PyTorch loaders expect
@@ -139,7 +151,7 @@ def save_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
     arrays = {k: np.ascontiguousarray(as_numpy(v)) for k, v in tensors.items()}
     meta = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     blob = stn.save(arrays, metadata=meta)
-    atomic_write(path, lambda f: f.write(blob), what="save_safetensors")
+    atomic_write(path, lambda f: f.write(blob), what=what)
 
 
 # ---------------------------------------------------------------------- .safetensors: the header checked, bfloat16 in NumPy
@@ -151,7 +163,7 @@ def load_safetensors(path, with_metadata: bool = False):
     ``InteropError`` naming it.
     """
     stn, safe_open = safetensors_modules()
-    header = _safetensors_header(path)
+    header = safetensors_header(path)
     bf16 = sorted(k for k, v in header.items() if k != "__metadata__" and isinstance(v, dict) and v.get("dtype") == "BF16")
     try:
         if bf16:
@@ -188,7 +200,7 @@ SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I
                       "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
 
 
-def _safetensors_header(path):
+def safetensors_header(path):
     """The JSON header of a .safetensors file (8-byte little-endian length, then JSON), checked
     against the file's size; an InteropError naming the file when it is truncated or damaged."""
     size = os.path.getsize(path)
