@@ -578,7 +578,7 @@ def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
     from tinymlp.lessons.guard import Guard
 
     for ex in EXERCISES.values():
-        assert ex.section.startswith(f"lesson {int(ex.lesson)}, section"), ex.id
+        assert ex.section.startswith(f'lesson {int(ex.lesson)}, section "'), ex.id   # a heading: see test_lessons.py
         path = ex.reference.split(" ")[0]
         assert (ROOT / path).is_file(), (ex.id, path)
         assert len(Guard(ex).forbidden) >= len(ex.forbidden), ex.id   # every forbidden name still resolves

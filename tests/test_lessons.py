@@ -422,3 +422,57 @@ def test_make_lessons_stubs(make_lessons):
         "n = ...  # exercise 06.2: your answer\nprint(n)")
     with pytest.raises(ValueError, match="no END SOLUTION"):
         make_lessons.solutions("code", "# BEGIN SOLUTION 01.1\nx = 1", student=True)
+def _headings(nb):
+    """[(cell index, level, text)] of the notebook's markdown headings, in order."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                m = re.match(r"^(#{1,6})\s+(\S.*?)\s*$", line)
+                if m:
+                    found.append((i, len(m.group(1)), m.group(2)))
+    return found
+
+
+def test_every_see_pointer_is_a_heading_of_its_notebook_above_the_exercise(checks, make_lessons):
+    """The ``see:`` line names the section (and subsection) whose text holds the exercise: each
+    heading it quotes is a heading of the lesson's notebook, the first a ``##`` section, and the
+    exercise's stub lies under the last one, before the next heading of its level or above."""
+    for ex_id, ex in checks.EXERCISES.items():
+        source = next(p for p in SOURCES if p.name.startswith(ex_id[:2] + "_"))
+        nb = make_lessons.build(source, student=True)
+        quoted = re.findall(r'"([^"]+)"', ex.section)
+        assert ex.section.startswith(f"lesson {int(ex_id[:2])}, section \"") and quoted == list(ex.headings), ex_id
+        stub = next(i for i, c in enumerate(nb.cells) if f"exercise {ex_id}" in c.source and c.cell_type == "code")
+        headings = _headings(nb)
+        above = [h for h in headings if h[0] <= stub]
+        chain = {}
+        for _, level, text in above:
+            chain = {k: v for k, v in chain.items() if k < level}
+            chain[level] = text
+        assert tuple(v for k, v in sorted(chain.items()) if k >= 2) == ex.headings, (ex_id, ex.headings, chain)
+        assert min(chain) <= 2 and ex.headings[0] == chain[2], ex_id
+
+
+def test_lesson_5s_pointers_name_the_sections_that_teach_them(checks):
+    """The pointers a student followed the wrong way: cross-entropy is in section 1, attention in
+    section 2, and the rotation in section 3 of a notebook with four."""
+    section = {k: checks.EXERCISES[k].section for k in ("05.1", "05.2", "05.3", "05.4")}
+    assert section["05.2"] == 'lesson 5, section "1. Softmax" > "Softmax cross-entropy, derived from log-sum-exp"'
+    assert section["05.3"].startswith('lesson 5, section "2. Scaled dot-product attention" > "The backward pass')
+    assert section["05.4"].startswith('lesson 5, section "3. Sinusoidal position encodings"')
+
+
+def test_the_sections_file_is_read_from_the_sources(make_lessons, tmp_path):
+    assert make_lessons.SECTIONS_FILE.read_text() == make_lessons.render_sections(SOURCES), (
+        "tinymlp/lessons/sections.py differs from the sources' headings: run python lessons/make_lessons.py")
+    source = tmp_path / "99_planted.py"
+    source.write_text("\n".join([
+        "# %% [markdown]", "# # Lesson 99", "# ## 1. First", "# ### A subsection", "", "# %%",
+        "def f():", "    # BEGIN SOLUTION 99.1", "    return 1", "    # END SOLUTION", "",
+        "# %% [markdown]", "# ## 2. Second", "# Text; `# not a heading` in code is not one either.", "",
+        "# %%", "# ## a comment in code", "def g():", "    # BEGIN SOLUTION 99.2", "    return 2", "    # END SOLUTION",
+        "def h():", "    # BEGIN SOLUTION 99.1", "    return 3", "    # END SOLUTION"]))
+    assert make_lessons.sections(source) == {"99.1": ("1. First", "A subsection"), "99.2": ("2. Second",)}
+
+

@@ -13,7 +13,6 @@ def linear_cost(rng):
 
 
 @exercise("03.1", "Linear backward", answer="MyLinear", seed=3, derived=True, cost=linear_cost,
-          section="lesson 3, section 2 (Linear as a Function)",
           reference="tinymlp/ops/linear.py (Linear.backward)",
           forbidden=("tinymlp.ops.linear.Linear", "tinymlp.ops.matmul.MatMul"))
 def linear(cls, case):
@@ -41,7 +40,6 @@ def gelu_cost(rng):
 
 
 @exercise("03.2", "GELU backward", answer="MyGELU", seed=4, derived=True, cost=gelu_cost,
-          section="lesson 3, section 3 (GELU as a Function)",
           reference="tinymlp/ops/activation.py (GELU.backward)",
           forbidden=("tinymlp.ops.activation.GELU",))
 def gelu_backward(cls, case):

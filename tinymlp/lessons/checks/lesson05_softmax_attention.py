@@ -17,7 +17,6 @@ def softmax_cost(rng):
 
 
 @exercise("05.1", "softmax backward", answer="MySoftmax", seed=7, derived=True, cost=softmax_cost,
-          section="lesson 5, section 1 (the softmax Jacobian)",
           reference="tinymlp/ops/attention.py (Softmax.backward)",
           forbidden=("tinymlp.ops.attention.Softmax", "tinymlp.ops.attention.LogSoftmax"))
 def softmax_backward(cls, case):
@@ -43,7 +42,6 @@ def cross_entropy_cost(rng):
 
 
 @exercise("05.2", "cross-entropy backward", answer="MyCrossEntropy", seed=9, derived=True, cost=cross_entropy_cost,
-          section="lesson 5, section 2 (cross-entropy from log-sum-exp)",
           reference="tinymlp/ops/loss.py (CrossEntropy.backward)",
           forbidden=("tinymlp.ops.loss.CrossEntropy", "tinymlp.ops.attention.Softmax",
                      "tinymlp.ops.attention.LogSoftmax"))
@@ -74,8 +72,7 @@ def attention_cost(rng):
 
 
 @exercise("05.3", "attention backward (dQ, dK, dV)", answer="MyAttention", seed=8, derived=True,
-          cost=attention_cost, section="lesson 5, section 3 (attention and its backward)",
-          reference="tinymlp/ops/attention.py (Attention.backward)",
+          cost=attention_cost, reference="tinymlp/ops/attention.py (Attention.backward)",
           forbidden=("tinymlp.ops.attention.Attention", "tinymlp.ops.attention.Softmax"))
 def attention_backward(cls, case):
     rng = case.rng
@@ -100,7 +97,6 @@ def attention_backward(cls, case):
 
 
 @exercise("05.4", "the rotation that shifts a position", answer="rotation",
-          section="lesson 5, section 5 (sinusoidal positions)",
           reference="tinymlp/models/vit.py (sinusoidal_embedding)")
 def shift(rotation, case):
     d = case.pick(16, 12)

@@ -38,7 +38,6 @@ def sgu_cost(rng):
 
 
 @exercise("07.1", "SGU backward (dZ1, dZ2, dW, db)", answer="MySGU", seed=11, derived=True, cost=sgu_cost,
-          section="lesson 7, section 1 (the spatial gating unit and its backward)",
           reference="tinymlp/ops/gating.py (SpatialGating.backward)",
           forbidden=("tinymlp.ops.gating.SpatialGating", "tinymlp.ops.norm.LayerNorm",
                      "tinymlp.ops.norm.normalize_backward"))
@@ -67,7 +66,6 @@ def toeplitz_reference(w, S):
 
 
 @exercise("07.2", "Toeplitz matrix from its 2S - 1 numbers", answer="toeplitz", seed=12,
-          section="lesson 7, section 4 (Toeplitz spatial weights)",
           reference="tinymlp/ops/gating.py (toeplitz_1d)",
           forbidden=("tinymlp.ops.gating.toeplitz_1d", "tinymlp.ops.gating.Toeplitz1d"))
 def toeplitz_matrix(toeplitz, case):
@@ -78,7 +76,6 @@ def toeplitz_matrix(toeplitz, case):
 
 
 @exercise("07.3", "Toeplitz backward (diagonal sums)", answer="toeplitz_backward", seed=13, derived=True,
-          section="lesson 7, section 4 (the Toeplitz backward)",
           reference="tinymlp/ops/gating.py (Toeplitz1d.backward)",
           forbidden=("tinymlp.ops.gating.Toeplitz1d",))
 def toeplitz_backward_check(toeplitz_backward, case):

@@ -18,7 +18,6 @@ def rms_norm_cost(rng):
 
 
 @exercise("10.1", "RMSNorm backward", answer="RMSNormFunction", seed=15, derived=True, cost=rms_norm_cost,
-          section="lesson 10, sections 2-3 (RMSNorm, derived and written)",
           reference="tinymlp/ops/norm.py (LayerNorm.backward: the same derivation with the mean)",
           forbidden=("tinymlp.ops.norm.normalize_backward",))
 def rmsnorm(cls, case):
@@ -50,7 +49,6 @@ def swish_cost(rng):
 
 
 @exercise("10.2", "Swish backward", answer="SwishFunction", seed=16, derived=True, cost=swish_cost,
-          section="lesson 10, section 6 (Swish, written and checked)",
           reference="tinymlp/ops/elementwise.py (Sigmoid.backward)",
           forbidden=("tinymlp.ops.elementwise.Sigmoid",))
 def swish_backward(cls, case):
@@ -68,7 +66,6 @@ def swish_backward(cls, case):
 
 
 @exercise("10.3", "a layer of your own, gradchecked", answer="(my_layer, layer_inputs)", derived=True,
-          section="lesson 10, section 9 (your own layer)",
           reference="tinymlp/gradcheck/method.py (the check itself)")
 def own_layer(answer, case):
     if not isinstance(answer, tuple) or len(answer) != 2:
