@@ -110,6 +110,14 @@ def test_worked_lesson_runs_and_every_exercise_passes(path, kernel_env, checks):
     assert not bad, f"{path.name}: exercises that do not pass in the answer key: {bad}"
     assert [r.exercise for r in graded.rows] == sorted(k for k in checks.EXERCISES if k.startswith(path.name[:2] + "."))
     assert all(graded_said == "passed" for graded_said in (r.notebook_said for r in graded.rows))
+    _no_stray_values(path.name, graded.notebook)
+
+
+def _no_stray_values(name, nb):
+    """A cell that calls check prints its line and shows no value under it (no bare True/False)."""
+    stray = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and "check(" in cell.source
+             and any(o.get("output_type") == "execute_result" for o in cell.get("outputs", []))]
+    assert not stray, f"{name}: check cells {stray} display a value under their printed line"
 
 
 @pytest.mark.lessons
@@ -128,6 +136,7 @@ def test_untouched_student_notebook_runs_to_the_end(path, kernel_env, checks):
             if "(skipped until exercise" not in printed:
                 silent.append(i)
     assert not silent, f"exercises/{path.name}: cells {silent} wait for an answer and say nothing"
+    _no_stray_values(f"exercises/{path.name}", graded.notebook)
 
 
 # ------------------------------------------------------------------------------ the autograder
@@ -206,19 +215,19 @@ def test_check_prints_one_line_and_never_raises(checks, capsys):
     def stub(*args):
         raise NotImplementedError("exercise 02.3")
 
-    assert checks.check("02.3", stub) is False
+    assert not checks.check("02.3", stub)
     assert capsys.readouterr().out == "exercise 02.3 unbroadcast: not done yet\n"
-    assert checks.check("06.1", ...) is False
+    assert not checks.check("06.1", ...)
     assert capsys.readouterr().out.endswith(": not done yet\n")
 
     def broken(grad, shape):
         raise TypeError("oops")
 
-    assert checks.check("02.3", broken) is False
+    assert not checks.check("02.3", broken)
     out = capsys.readouterr().out
     assert out.startswith("exercise 02.3 unbroadcast: FAILED\n") and "TypeError: oops" in out
 
-    assert checks.check("02.3", lambda grad, shape: grad.sum(axis=0)) is False
+    assert not checks.check("02.3", lambda grad, shape: grad.sum(axis=0))
     out = capsys.readouterr().out
     assert "FAILED" in out and ("differs from the reference" in out or "shape" in out)
     import numpy as np
@@ -230,11 +239,34 @@ def test_check_prints_one_line_and_never_raises(checks, capsys):
         def forward(ctx, x):
             return x / (1 + np.exp(-x))            # Swish: the forward comparison passes
 
-    assert checks.check("10.2", NoBackward) is False
+    assert not checks.check("10.2", NoBackward)
     out = capsys.readouterr().out
     assert out.startswith("exercise 10.2 Swish backward: FAILED") and "backward" in out
-    assert checks.check("99.9", stub) is False
+    assert not checks.check("99.9", stub)
     assert "no such exercise" in capsys.readouterr().out
+
+
+def test_a_check_cell_shows_its_line_and_no_value(checks, capsys):
+    formatters = pytest.importorskip("IPython.core.formatters")
+
+    def stub(grad, shape):
+        raise NotImplementedError("exercise 02.3")
+
+    def unbroadcast(grad, shape):
+        grad = grad.sum(axis=tuple(range(grad.ndim - len(shape))))
+        return grad.sum(axis=tuple(k for k, n in enumerate(shape) if n == 1), keepdims=True)
+
+    for answer, passed in ((stub, False), (lambda grad, shape: grad, False), (unbroadcast, True)):
+        value = checks.check("02.3", answer)
+        capsys.readouterr()
+        assert bool(value) is passed and (value == passed) and (value != (not passed))
+        # IPython shows a cell's last value unless it displays itself: this one displays nothing
+        assert formatters.DisplayFormatter().format(value) == ({}, {}), value
+        assert formatters.DisplayFormatter().format(passed) != ({}, {})      # (a bare bool would show)
+        assert repr(value) == f"<check 02.3: {'passed' if passed else value.result.status}>"
+    if checks.check("02.3", unbroadcast):                                       # as the lessons use it
+        done = True
+    assert done and "passed" in capsys.readouterr().out
 
 
 def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
@@ -256,7 +288,7 @@ def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
             dydx = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
             return grad * dydx * 0.5
 
-    assert checks.check("03.2", HalfGELU) is False
+    assert not checks.check("03.2", HalfGELU)
     out = capsys.readouterr().out
     assert out.startswith("exercise 03.2 GELU backward: FAILED\n")
     assert "gradcheck" in out and re.search(r"^\s*(likely|pattern)\s*:", out, flags=re.M), out
@@ -292,13 +324,13 @@ def _masked_mean(forward="right", backward="right"):
 
 def test_masked_mean_check_passes_the_answer_and_names_the_usual_slips(checks, capsys):
     head = "exercise 12.2 mean over the real tokens (masked pooling)"
-    assert checks.check("12.2", _masked_mean()) is True
+    assert checks.check("12.2", _masked_mean())
     assert capsys.readouterr().out == f"{head}: passed\n"
     for kind, expected in [({"forward": "over S"}, "forward: divided by S"),
                            ({"backward": "over S"}, "backward: divided by S"),
                            ({"backward": "no mask"}, "backward: the mask is missing"),
                            ({"backward": "a third"}, "tinymlp.gradcheck FAILED")]:   # any other slip
-        assert checks.check("12.2", _masked_mean(**kind)) is False, kind
+        assert not checks.check("12.2", _masked_mean(**kind)), kind
         out = capsys.readouterr().out
         assert out.startswith(f"{head}: FAILED\n") and expected in out, (kind, out)
 
@@ -324,15 +356,15 @@ def _wordpiece(slip=None):
 
 def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs(checks, capsys):
     head = "exercise 12.3 WordPiece's greedy longest-match cut"
-    assert checks.check("12.3", _wordpiece()) is True
+    assert checks.check("12.3", _wordpiece())
     assert capsys.readouterr().out == f"{head}: passed\n"
     for slip, expected in [("shortest", "not the shortest"), ("no ##", "with ## in front"),
                            ("partial", "[UNK] as a whole")]:
-        assert checks.check("12.3", _wordpiece(slip)) is False, slip
+        assert not checks.check("12.3", _wordpiece(slip)), slip
         out = capsys.readouterr().out
         assert out.startswith(f"{head}: FAILED\n") and expected in out, (slip, out)
         assert re.search(r"'\w+': yours \[.*\], the tokenizer's \[.*\]", out), out   # the word, both answers
-    assert checks.check("12.3", lambda word, vocab: ["[UNK]"]) is False
+    assert not checks.check("12.3", lambda word, vocab: ["[UNK]"])
     assert "yours ['[UNK]']" in capsys.readouterr().out
     # the cases hold a word that must become [UNK] and single characters, known and unknown
     from tinymlp.data.tokenizer import SPECIAL_TOKENS, Tokenizer
@@ -422,6 +454,8 @@ def test_make_lessons_stubs(make_lessons):
         "n = ...  # exercise 06.2: your answer\nprint(n)")
     with pytest.raises(ValueError, match="no END SOLUTION"):
         make_lessons.solutions("code", "# BEGIN SOLUTION 01.1\nx = 1", student=True)
+
+
 def _headings(nb):
     """[(cell index, level, text)] of the notebook's markdown headings, in order."""
     found = []
@@ -474,5 +508,3 @@ def test_the_sections_file_is_read_from_the_sources(make_lessons, tmp_path):
         "# %%", "# ## a comment in code", "def g():", "    # BEGIN SOLUTION 99.2", "    return 2", "    # END SOLUTION",
         "def h():", "    # BEGIN SOLUTION 99.1", "    return 3", "    # END SOLUTION"]))
     assert make_lessons.sections(source) == {"99.1": ("1. First", "A subsection"), "99.2": ("2. Second",)}
-
-
