@@ -294,6 +294,52 @@ def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
     assert "gradcheck" in out and re.search(r"^\s*(likely|pattern)\s*:", out, flags=re.M), out
 
 
+def test_an_array_that_is_the_answer_rearranged_is_told_so(checks, capsys):
+    """A transpose, a reversal or a sign flip of the expected array is named, not reported as a
+    largest difference at some index."""
+    import numpy as np
+
+    from tinymlp.lessons.checks.common import rearranged
+
+    want = np.arange(1.0, 13.0).reshape(3, 4)
+    square = np.arange(1.0, 10.0).reshape(3, 3)
+    assert rearranged(square.T, square).startswith("exactly the transpose of the expected")
+    assert rearranged(want[::-1], want).startswith("exactly the expected reversed along axis 0")
+    line = np.arange(1.0, 6.0)
+    assert rearranged(line[::-1], line).startswith("exactly the expected reversed: yours[k] = expected[4 - k]")
+    assert rearranged(-want, want).startswith("exactly the expected with the opposite sign")
+    assert rearranged(-square.T, square).startswith("exactly minus the transpose")
+    flipped = square.copy()
+    flipped[1, 0] *= -1
+    assert "wrong sign on 1 of its 9 entries (all below the diagonal)" in rearranged(flipped, square)
+    assert rearranged(want + 0.5, want) is None and rearranged(want, want) is None   # a plain error is not one
+
+    def toeplitz(w, S):                                   # w[j - i + S - 1]: the transpose
+        i, j = np.indices((S, S))
+        return w[j - i + S - 1]
+
+    def toeplitz_backward(dW):                            # np.trace's offset counts j - i: reversed
+        S = dW.shape[0]
+        return np.array([np.trace(dW, offset=k) for k in range(-(S - 1), S)])
+
+    def rotation(phi, omega):                             # the sin entries' signs swapped
+        M = np.zeros((2 * len(omega), 2 * len(omega)))
+        for i, w in enumerate(omega):
+            c, s = np.cos(w * phi), np.sin(w * phi)
+            M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, -s], [s, c]]
+        return M
+
+    for ex_id, answer, said in [
+            ("07.2", toeplitz, "yours is exactly the transpose of the expected: yours[i, j] = expected[j, i]; "
+                               "W[i, j] is w[i - j + S - 1]"),
+            ("07.3", toeplitz_backward, "yours is exactly the expected reversed: yours[k] = expected[4 - k]"),
+            ("05.4", rotation, "exactly the transpose of the expected: yours[i, j] = expected[j, i]: the rotation by "
+                               "-omega_i * phi, so M p_t = p_(t-1), a shift backwards")]:
+        assert not checks.check(ex_id, answer)
+        out = capsys.readouterr().out
+        assert said in out and "largest difference" not in out, out
+
+
 def _masked_mean(forward="right", backward="right"):
     """A masked-mean Function (exercise 12.2): the reference answer, or one of the usual slips."""
     import numpy as np

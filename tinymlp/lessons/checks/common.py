@@ -22,7 +22,8 @@ from ... import GradcheckError, gradcheck, tensor
 from ..registry import Case, Wrong
 
 __all__ = ["EXACT", "Captured", "array_of", "close", "exact", "gelu", "gelu_grad", "grads", "integer",
-           "kind_of", "layer_norm", "normalize", "normalize_grad", "rows", "run_gradcheck", "softmax", "t64"]
+           "kind_of", "layer_norm", "normalize", "normalize_grad", "rearranged", "rows", "run_gradcheck", "softmax",
+           "t64"]
 
 EXACT = 2e-14
 """Largest relative error (norm of the difference / norm of the exact gradient) allowed for a
@@ -57,12 +58,19 @@ def array_of(got, name):
         raise Wrong(f"{name}: expected numbers, got a {kind_of(got)}") from err
 
 
-def close(name, got, want, rtol=1e-6, atol=1e-8):
-    """Raise ``Wrong`` unless ``got`` is ``want`` (up to rtol, atol), naming the largest difference."""
+def close(name, got, want, rtol=1e-6, atol=1e-8, notes=None):
+    """Raise ``Wrong`` unless ``got`` is ``want`` (up to rtol, atol): saying so when ``got`` is a
+    transpose, a reversal or a sign flip of ``want`` (``rearranged``; ``notes`` maps a word of that
+    description, "transpose", "reversed", "sign", to what it means in the exercise), else naming
+    the largest difference."""
     got, want = array_of(got, name), np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         raise Wrong(f"{name}: shape {got.shape}, expected {want.shape}")
     if not np.allclose(got, want, rtol=rtol, atol=atol):
+        how = rearranged(got, want, rtol, atol)
+        if how is not None:
+            meaning = [text for word, text in (notes or {}).items() if word in how]
+            raise Wrong(f"{name}: differs from the reference: yours is {how}" + "".join(f"; {m}" for m in meaning[:1]))
         diff = np.abs(got - want)
         diff = np.where(np.isnan(diff), np.inf, diff)
         i = np.unravel_index(int(np.argmax(diff)), diff.shape)
@@ -70,10 +78,65 @@ def close(name, got, want, rtol=1e-6, atol=1e-8):
                     f"{tuple(int(k) for k in i)} (yours {got[i]:.6g}, expected {want[i]:.6g})")
 
 
-def exact(name, got, want):
+def rearranged(got, want, rtol=1e-6, atol=1e-8):
+    """How ``got`` is ``want`` rearranged, when it is, in words; else None.
+
+    Tried in order: the transpose (the last two axes swapped), a reversal along one axis or all,
+    the opposite sign (of everything, or of the transpose or a reversal), and the right values
+    with the wrong sign on some entries only (which ones, when they are few or all on one side
+    of the diagonal)."""
+    if got.shape != want.shape or got.size < 2 or not np.isfinite(got).all():
+        return None
+    if np.allclose(got, want, rtol=rtol, atol=atol):
+        return None
+
+    def same(a):
+        return a.shape == got.shape and np.allclose(got, a, rtol=rtol, atol=atol)
+
+    if np.allclose(want, 0, atol=atol):
+        return None
+    moves = []
+    if want.ndim >= 2 and want.shape[-1] == want.shape[-2]:
+        axes = "" if want.ndim == 2 else " (its last two axes swapped)"
+        moves.append((np.swapaxes(want, -1, -2), f"the transpose of the expected{axes}: yours[i, j] = expected[j, i]"))
+    for axis in range(want.ndim):
+        if want.shape[axis] > 1:
+            if want.ndim == 1:
+                n = want.shape[0]
+                text = f"the expected reversed: yours[k] = expected[{n - 1} - k] (the last entry first)"
+            else:
+                text = f"the expected reversed along axis {axis} (its last index first)"
+            moves.append((np.flip(want, axis=axis), text))
+    if want.ndim >= 2:
+        moves.append((np.flip(want), "the expected reversed along every axis"))
+    for moved, text in moves:
+        if not np.allclose(moved, want, rtol=rtol, atol=atol) and same(moved):
+            return f"exactly {text}"
+    if same(-want):
+        return "exactly the expected with the opposite sign (every entry negated)"
+    for moved, text in moves:
+        if not np.allclose(moved, want, rtol=rtol, atol=atol) and same(-moved):
+            return f"exactly minus {text}"
+    if np.allclose(np.abs(got), np.abs(want), rtol=rtol, atol=atol):
+        flipped = ~np.isclose(got, want, rtol=rtol, atol=atol)
+        where = [tuple(int(i) for i in k) for k in np.argwhere(flipped)]
+        listed = ", ".join(str(k[0]) if len(k) == 1 else str(k) for k in where[:6]) + (" ..." if len(where) > 6 else "")
+        side = ""
+        if want.ndim == 2:
+            i, j = np.nonzero(flipped)
+            if (i < j).all():
+                side = " (all above the diagonal)"
+            elif (i > j).all():
+                side = " (all below the diagonal)"
+        return (f"the expected with the wrong sign on {len(where)} of its {got.size} entries{side}, the others "
+                f"right: at {listed}")
+    return None
+
+
+def exact(name, got, want, notes=None):
     """The answer's gradient must be the exact one, not a numerical estimate of it."""
     got, want = array_of(got, name), np.asarray(want, dtype=np.float64)
-    close(name, got, want, rtol=1e-4, atol=1e-6)  # a plain error is said plainly first
+    close(name, got, want, rtol=1e-4, atol=1e-6, notes=notes)  # a plain error is said plainly first
     scale = np.linalg.norm(want)
     err = float(np.linalg.norm(got - want) / (scale if scale > 0 else 1.0))
     if err > EXACT:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..registry import CostCase, Wrong, exercise
-from .common import array_of, close, exact, grads, run_gradcheck, t64
+from .common import array_of, close, exact, grads, rearranged, run_gradcheck, t64
 from .common import softmax as softmax_reference
 
 
@@ -108,4 +108,22 @@ def shift(rotation, case):
         M = array_of(rotation(phi, omega.copy()), f"rotation({phi}, omega)")
         if M.shape != (d, d):
             raise Wrong(f"rotation({phi}, omega) has shape {M.shape}, expected {(d, d)}")
+        want = rotation_reference(phi, omega)
+        how = rearranged(M, want, atol=1e-9)
+        if how is not None and "transpose" in how:
+            raise Wrong(f"rotation({phi}, omega): yours is {how}: the rotation by -omega_i * phi, so M p_t = "
+                        f"p_(t-{phi}), a shift backwards; in each 2x2 block the two sin entries have swapped signs "
+                        "(row 2i is [cos, sin], row 2i+1 is [-sin, cos])")
+        if how is not None:
+            raise Wrong(f"rotation({phi}, omega): M p_t is not p_(t+{phi}): yours is {how}")
         close(f"M({phi}) p_t (every t)", pe[:-phi] @ M.T, pe[phi:], atol=1e-9)
+
+
+def rotation_reference(phi, omega):
+    """The block-diagonal M(phi): [[cos, sin], [-sin, cos]] of omega_i * phi in rows and columns 2i, 2i+1."""
+    d = 2 * len(omega)
+    M = np.zeros((d, d))
+    c, s = np.cos(omega * phi), np.sin(omega * phi)
+    k = np.arange(0, d, 2)
+    M[k, k], M[k, k + 1], M[k + 1, k], M[k + 1, k + 1] = c, s, -s, c
+    return M
