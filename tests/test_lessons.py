@@ -340,6 +340,55 @@ def test_an_array_that_is_the_answer_rearranged_is_told_so(checks, capsys):
         assert said in out and "largest difference" not in out, out
 
 
+def test_lesson_10s_own_layer_needs_a_backward_of_its_own_and_every_parameter_checked(checks, capsys):
+    import numpy as np
+
+    import tinymlp
+    from tinymlp import Function, nn
+
+    rng = np.random.default_rng(0)
+    x = tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True)
+    alpha = rng.uniform(0.1, 0.4, 5)
+
+    class PReLU(Function):
+        @staticmethod
+        def forward(ctx, x, alpha):
+            ctx.save_for_backward(x, alpha)
+            return np.where(x > 0, x, alpha * x)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, alpha = ctx.saved_tensors
+            return np.where(x > 0, g, alpha * g), (g * np.minimum(x, 0)).sum(axis=0)
+
+    def prelu(x, alpha):
+        return PReLU.apply(x, alpha)
+
+    assert checks.check("10.3", (prelu, (x, tinymlp.tensor(alpha, requires_grad=True))))
+    assert "passed" in capsys.readouterr().out
+    # a lambda of tinymlp's ops: no backward written
+    assert not checks.check("10.3", (lambda x: (x * x).tanh() * 2, (x,)))
+    assert "not from a backward you wrote" in capsys.readouterr().out
+    # the slope created without requires_grad: its gradient (wrong here) would never be checked
+    wrong = type("PReLUWrongSlope", (PReLU,), {"backward": staticmethod(
+        lambda ctx, g: (PReLU.backward(ctx, g)[0], 3 * PReLU.backward(ctx, g)[1]))})
+    assert not checks.check("10.3", (lambda x, alpha: wrong.apply(x, alpha), (x, tinymlp.tensor(alpha))))
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "input 'alpha' (5,): a float tensor without requires_grad=True" in out, out
+
+    class Layer(nn.Module):                              # a module whose slope is frozen: not checked either
+        def __init__(self):
+            super().__init__()
+            self.alpha = nn.Parameter(alpha)
+            self.alpha.requires_grad = False
+
+        def forward(self, x):
+            return PReLU.apply(x, self.alpha)
+
+    assert not checks.check("10.3", (Layer(), (x,)))
+    assert "parameter 'alpha' (5,): a float tensor without requires_grad=True" in capsys.readouterr().out
+
+
 def _masked_mean(forward="right", backward="right"):
     """A masked-mean Function (exercise 12.2): the reference answer, or one of the usual slips."""
     import numpy as np

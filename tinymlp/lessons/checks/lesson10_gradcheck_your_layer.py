@@ -3,8 +3,11 @@ written as a Function and gradchecked (10.3)."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
+from ...tensor import Tensor
 from ..registry import CostCase, Wrong, exercise
 from .common import close, exact, grads, rows, run_gradcheck, t64
 
@@ -74,7 +77,33 @@ def own_layer(answer, case):
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     if not any(getattr(t, "requires_grad", False) for t in inputs) and not hasattr(fn, "parameters"):
         raise Wrong("give at least one input with requires_grad=True (or a Module with parameters)")
+    named = [("input", name, t) for name, t in _named(fn, inputs)]
+    named += [("parameter", name, t) for name, t in _parameters(fn)]
+    unchecked = [f"{kind} {name!r} {tuple(t.shape)}" for kind, name, t in named
+                 if isinstance(t, Tensor) and np.dtype(t.dtype).kind == "f" and not t.requires_grad]
+    if unchecked:
+        raise Wrong(f"{', '.join(unchecked)}: a float tensor without requires_grad=True, so gradcheck never checks "
+                    "its gradient (a gain, a slope, a temperature: whatever your backward returns a gradient for); "
+                    "create it with requires_grad=True, or, if it is a constant of the layer, leave it out of the "
+                    "inputs (a closure, or a keyword argument of forward)")
     run_gradcheck(fn, inputs, case)
     if case.backwards is not None and not case.backwards():
         raise Wrong("the layer's gradient comes from tinymlp's own ops, not from a backward you wrote: write the "
                     "layer as a Function (forward and backward on arrays) and call it with .apply")
+
+
+def _named(fn, inputs):
+    """(name, input) pairs, named as fn's parameters are (input0, input1, ... where it has none)."""
+    target = getattr(fn, "forward", fn) if hasattr(fn, "parameters") else fn
+    try:
+        names = [p.name for p in inspect.signature(target).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    return [(names[i] if i < len(names) else f"input{i}", t) for i, t in enumerate(inputs)]
+
+
+def _parameters(fn):
+    """A Module's (name, parameter) pairs; none for a function."""
+    named = getattr(fn, "named_parameters", None)
+    return list(named()) if callable(named) else []
