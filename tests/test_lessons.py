@@ -340,6 +340,84 @@ def test_an_array_that_is_the_answer_rearranged_is_told_so(checks, capsys):
         assert said in out and "largest difference" not in out, out
 
 
+def _elementwise(forward, backward):
+    """A one-input Function: forward(x) -> (y, saved), backward(saved, grad) -> dx."""
+    from tinymlp import Function
+
+    class Op(Function):
+        @staticmethod
+        def forward(ctx, x):
+            y, saved = forward(x)
+            ctx.save_for_backward(*saved)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            return backward(*ctx.saved_tensors, grad)
+
+    return Op
+
+
+def test_a_term_of_the_derivation_gone_wrong_is_named_with_its_factor(checks):
+    """The check knows the derivation's terms: when the answer's gradient is off by a multiple of
+    one of them, the report's likely line (and the grader's reason) names that term and what
+    happened to it, where gradcheck alone could only say that the values are wrong."""
+    import math
+
+    import numpy as np
+
+    from tinymlp.lessons import run_check
+
+    c0, c1 = math.sqrt(2 / math.pi), 0.044715
+
+    def gelu_forward(x):
+        t = np.tanh(c0 * (x + c1 * x**3))
+        return 0.5 * x * (1 + t), (x, t)
+
+    def swish_forward(x):
+        s = 1 / (1 + np.exp(-x))
+        return x * s, (x, s)
+
+    def softmax_forward(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        return p, (p,)
+
+    def gelu(h=0.5, half=0.5, c=c0, three=3):            # dy/dx with one factor changed
+        return _elementwise(gelu_forward, lambda x, t, g: g * (h * (1 + t) + half * x * (1 - t * t) * c
+                                                                 * (1 + three * c1 * x * x)))
+
+    cases = [
+        ("03.2", gelu(half=1),
+         "the term x (1 - t^2)/2 c0 (1 + 3 c1 x^2) of dy/dx is twice what it should be in your backward: a factor 1/2 "
+         "missing from it"),
+        ("03.2", gelu(c=1),
+         "lacks the factor c0 = sqrt(2/pi)"),
+        ("03.2", gelu(three=1),
+         "the term x (1 - t^2)/2 c0 3 c1 x^2 of dy/dx lacks the factor 3"),
+        ("10.2", _elementwise(swish_forward, lambda x, s, g: g * (s - x * s * (1 - s))),
+         "the term x s (1 - s) of dy/dx has the wrong sign in your backward"),
+        ("05.1", _elementwise(softmax_forward, lambda p, g: p * g),
+         "the term - p <g, p> (the row's inner product) of dL/dx is missing from your backward"),
+    ]
+    for ex_id, answer, said in cases:
+        result = run_check(ex_id, answer, seeds=(None, 7))
+        assert result.status == "FAILED" and said in result.reason, (ex_id, said, result.reason)
+        assert re.search(r"^\s*likely\s*: the term", result.details, flags=re.M), result.details
+
+
+def test_a_report_without_a_likely_line_is_summed_up_by_its_pattern_not_its_header():
+    from tinymlp.lessons.runner import reason_of
+
+    report = ("tinymlp.gradcheck FAILED: gelu  [mode=full  check dtype=float64\n     eps=1e-06]\n"
+              "upstream gradient: random\n\n  tensor  shape\n  input x  (4,6)  24  23  FAIL\n\n"
+              "FAIL x - worst 5 of 23 failing checks (full mode):\n  index  numerical\n  [3,3]  -2.2  -6.1\n"
+              "  pattern : 23 of 24 elements fail: x[0, 0], x[0, 1], x[0, 2] ...\n  from    : MyGELU.backward\n")
+    assert reason_of(report) == "the gradient of 'x' is wrong: 23 of 24 elements fail: x[0, 0], x[0, 1], x[0, 2] ..."
+    assert reason_of(report.replace("  from", "  likely  : a hint\n  from")) == "a hint"
+    assert reason_of("shape (3,), expected (4,)\nmore") == "shape (3,), expected (4,)"
+
+
 def test_lesson_10s_own_layer_needs_a_backward_of_its_own_and_every_parameter_checked(checks, capsys):
     import numpy as np
 

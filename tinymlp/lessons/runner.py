@@ -189,11 +189,15 @@ def _failed(ex, details, reproduce):
 
 
 def reason_of(details: str) -> str:
-    """One line for a table: the first ``likely`` line, else the first PROBLEM, else the first line."""
+    """One line for a table: the first ``likely`` line, else the first PROBLEM, else (a gradcheck
+    report without either) the first failing tensor and its ``pattern`` line, else the first line."""
     for pattern in (r"^\s*likely\s*:\s*(.+)$", r"^PROBLEM \([a-z_]+\): (.+)$"):
         match = re.search(pattern, details, flags=re.M)
         if match:
             return match.group(1).strip()
+    match = re.search(r"^FAIL (\S+) [^\n]*\n(?:(?![A-Z]{4} )[^\n]*\n)*?\s+pattern\s*:\s*([^\n]+)", details, flags=re.M)
+    if match:
+        return f"the gradient of {match.group(1)!r} is wrong: {match.group(2).strip()}"
     lines = [line.strip() for line in details.splitlines() if line.strip()]
     return lines[0] if lines else ""
 

@@ -23,7 +23,7 @@ from ..registry import Case, Wrong
 
 __all__ = ["EXACT", "Captured", "array_of", "close", "exact", "gelu", "gelu_grad", "grads", "integer",
            "kind_of", "layer_norm", "normalize", "normalize_grad", "rearranged", "rows", "run_gradcheck", "softmax",
-           "t64"]
+           "t64", "wrong_term"]
 
 EXACT = 2e-14
 """Largest relative error (norm of the difference / norm of the exact gradient) allowed for a
@@ -170,8 +170,11 @@ class Captured(Exception):
         self.fn, self.inputs = fn, inputs
 
 
-def run_gradcheck(fn, inputs, case: Case):
-    """tinymlp.gradcheck in float64; a failing report's reproduce line runs in the notebook."""
+def run_gradcheck(fn, inputs, case: Case, explain=None):
+    """tinymlp.gradcheck in float64; a failing report's reproduce line runs in the notebook.
+
+    ``explain(report)``, called on a failing report, may fill in what the check knows better than
+    gradcheck (``wrong_term``: which term of the exercise's derivation is off)."""
     k = case.gradchecks
     case.gradchecks += 1
     if case.capture == k:
@@ -181,13 +184,65 @@ def run_gradcheck(fn, inputs, case: Case):
     try:
         return gradcheck(fn, inputs)
     except GradcheckError as err:
+        if explain is not None:
+            try:
+                explain(err.report)
+            except Exception:  # noqa: BLE001 (the answer failed again: the report says enough)
+                pass
         if case.call:
             extra = f", k={k}" if k else ""
             # the import makes the line run in a notebook that only imported ``check``
             err.report.settings.call = (f"import tinymlp.lessons; "
                                         f"tinymlp.gradcheck(*tinymlp.lessons.case({case.call}{extra}))")
-            err.args = (err.report.summary(),)
+        err.args = (err.report.summary(),)
         raise
+
+
+def wrong_term(report, name, got, want, terms, of="the derivative", constants=None):
+    """Name the term of the derivation that the answer's gradient has wrong, when only one is.
+
+    ``got`` and ``want`` are the answer's and the exact gradient of ``name`` for one upstream
+    gradient; ``terms`` lists (text, array) such that the arrays of the first terms add up to
+    ``want`` (later entries may split a term into its parts). When ``got - want`` is c times one
+    term and nothing else (to 1e-6), the answer has that term times 1 + c: missing (0), of the
+    wrong sign (-1), twice (a factor 1/2 lost) or half, or off by a named constant (``constants``:
+    {"c0 = sqrt(2/pi)": value}). Sets the report's ``likely`` line for ``name``; True if it did."""
+    result = report.per_tensor.get(name)
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    err = got - want
+    size = np.linalg.norm(err)
+    if result is None or result.verdict != "FAIL" or got.shape != want.shape or not size or not np.isfinite(size):
+        return False
+    for text, term in terms:
+        term = np.broadcast_to(np.asarray(term, dtype=np.float64), err.shape)
+        tt = float((term * term).sum())
+        if tt == 0:
+            continue
+        c = float((err * term).sum() / tt)
+        if np.linalg.norm(err - c * term) > 1e-6 * size:
+            continue
+        f = 1 + c
+        named = [(k, v) for k, v in (constants or {}).items() if v not in (0, 1)]
+        if abs(f) < 1e-6:
+            what = "is missing from your backward"
+        elif abs(f + 1) < 1e-6:
+            what = "has the wrong sign in your backward"
+        elif abs(f - 2) < 1e-6:
+            what = "is twice what it should be in your backward: a factor 1/2 missing from it"
+        elif abs(f - 0.5) < 1e-6:
+            what = "is half what it should be in your backward: a factor 1/2 too many in it"
+        elif any(abs(f * v - 1) < 1e-6 for _, v in named):
+            what = f"lacks the factor {next(k for k, v in named if abs(f * v - 1) < 1e-6)} in your backward"
+        elif any(abs(f - v) < 1e-6 for _, v in named):
+            what = f"has the factor {next(k for k, v in named if abs(f - v) < 1e-6)} once too often in your backward"
+        else:
+            what = f"is {f:.4g} times what it should be in your backward"
+        result.hint_kind = "wrong_formula"
+        result.pattern = (result.pattern + "; " if result.pattern else "") + (
+            f"backward's error is {c:.4g} x the term {text} of {of}, exactly")
+        result.hint = f"the term {text} of {of} {what}; every other term is right"
+        return True
+    return False
 
 
 # ------------------------------------------------------------------------------ NumPy references

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..registry import CostCase, Wrong, exercise
-from .common import array_of, close, exact, grads, rearranged, run_gradcheck, t64
+from .common import array_of, close, exact, grads, rearranged, run_gradcheck, t64, wrong_term
 from .common import softmax as softmax_reference
 
 
@@ -27,9 +27,16 @@ def softmax_backward(cls, case):
 
     X = x.numpy().copy()
     close("forward", softmax(x), softmax_reference(X))
-    run_gradcheck(softmax, (x,), case)
+    run_gradcheck(softmax, (x,), case, explain=lambda report: softmax_terms(report, softmax, X))
     g, p = case.rng.normal(size=x.shape), softmax_reference(X)
     exact("dL/dx", grads(softmax, (t64(X),), g)[0], p * (g - (g * p).sum(axis=-1, keepdims=True)))
+
+
+def softmax_terms(report, softmax, X):
+    """Which term of dL/dx = p g - p <g, p> the answer has wrong, if one."""
+    g, p = np.random.default_rng(0).normal(size=X.shape), softmax_reference(X)
+    terms = [("p * g", p * g), ("- p <g, p> (the row's inner product)", -p * (g * p).sum(axis=-1, keepdims=True))]
+    wrong_term(report, "x", grads(softmax, (t64(X),), g)[0], sum(t for _, t in terms), terms, of="dL/dx")
 
 
 def cross_entropy_reference(logits, labels):

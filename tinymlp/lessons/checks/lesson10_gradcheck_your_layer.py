@@ -9,7 +9,7 @@ import numpy as np
 
 from ...tensor import Tensor
 from ..registry import CostCase, Wrong, exercise
-from .common import close, exact, grads, rows, run_gradcheck, t64
+from .common import close, exact, grads, rows, run_gradcheck, t64, wrong_term
 
 
 def rms_norm_reference(x, w, eps=1e-6):
@@ -35,12 +35,23 @@ def rmsnorm(cls, case):
     r = 1 / np.sqrt((X ** 2).mean(axis=-1, keepdims=True) + 1e-6)
     x_hat = X * r
     close("forward", rms_norm(x, w), Wn * x_hat)
-    run_gradcheck(rms_norm, (x, w), case)
+    run_gradcheck(rms_norm, (x, w), case, explain=lambda report: rms_norm_terms(report, rms_norm, X, Wn))
     g = rng.normal(size=shape)
     h = g * Wn
     dx, dw = grads(rms_norm, (t64(X), t64(Wn)), g)
     exact("dL/dx", dx, r * (h - x_hat * (h * x_hat).mean(axis=-1, keepdims=True)))
     exact("dL/dweight", dw, rows(g * x_hat).sum(axis=0))
+
+
+def rms_norm_terms(report, rms_norm, X, Wn):
+    """Which term of dL/dx = r H - r x_hat mean(H x_hat) the answer has wrong, if one."""
+    g = np.random.default_rng(0).normal(size=X.shape)
+    r = 1 / np.sqrt((X ** 2).mean(axis=-1, keepdims=True) + 1e-6)
+    x_hat, h = X * r, g * Wn
+    terms = [("r H (H = G * weight)", r * h),
+             ("- r x_hat mean(H x_hat)", -r * x_hat * (h * x_hat).mean(axis=-1, keepdims=True))]
+    dx = grads(rms_norm, (t64(X), t64(Wn)), g)[0]
+    wrong_term(report, "x", dx, sum(t for _, t in terms), terms, of="dL/dx")
 
 
 def swish_reference(x):
@@ -63,9 +74,17 @@ def swish_backward(cls, case):
     X = x.numpy().copy()
     s = 1 / (1 + np.exp(-X))
     close("forward", swish(x), X * s)
-    run_gradcheck(swish, (x,), case)
+    run_gradcheck(swish, (x,), case, explain=lambda report: swish_terms(report, swish, X))
     g = case.rng.normal(size=x.shape)
     exact("dL/dx", grads(swish, (t64(X),), g)[0], g * (s + X * s * (1 - s)))
+
+
+def swish_terms(report, swish, X):
+    """Which term of dy/dx = s + x s (1 - s) the answer has wrong, if one."""
+    g = np.random.default_rng(0).normal(size=X.shape)
+    s = 1 / (1 + np.exp(-X))
+    terms = [("s = sigmoid(x)", g * s), ("x s (1 - s)", g * X * s * (1 - s))]
+    wrong_term(report, "x", grads(swish, (t64(X),), g)[0], g * (s + X * s * (1 - s)), terms, of="dy/dx")
 
 
 @exercise("10.3", "a layer of your own, gradchecked", answer="(my_layer, layer_inputs)", derived=True,
