@@ -139,6 +139,100 @@ def test_untouched_student_notebook_runs_to_the_end(path, kernel_env, checks):
     _no_stray_values(f"exercises/{path.name}", graded.notebook)
 
 
+# ------------------------------------------------------------------------------ what a lesson prints
+REPORT_HEAD = re.compile(r"^\s*tinymlp\.gradcheck (?P<status>passed|FAILED|INCONCLUSIVE): (?P<title>\S+)")
+REPORT_ROW = re.compile(r"^\s+(?:input|param\w*|buffer) \S+\s+\(")
+REPRODUCE = re.compile(r"^\s*reproduce: (?P<line>.+)$")
+# the lessons that run gradcheck in their demonstrations (the others print no report)
+REPORTING = [p for p in NOTEBOOKS if "gradcheck(" in (LESSONS / "src" / f"{p.stem}.py").read_text()]
+
+
+def _printed(cell):
+    return _clean("".join(_text_of(o) for o in cell.get("outputs", [])))
+
+
+def _text_of(output):
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if output.get("output_type") in ("execute_result", "display_data"):
+        return output.get("data", {}).get("text/plain", "")
+    if output.get("output_type") == "error":
+        return f"{output.get('ename')}: {output.get('evalue')}\n"
+    return ""
+
+
+def _reports(text):
+    """(status, title, table rows, reproduce line) of every report in ``text`` with a reproduce line."""
+    head, rows = None, []
+    for line in text.splitlines():
+        if REPORT_HEAD.match(line):
+            head, rows = REPORT_HEAD.match(line), []
+        elif head is not None and REPORT_ROW.match(line):
+            rows.append(line.strip())
+        elif REPRODUCE.match(line) and head is not None:
+            yield head.group("status"), head.group("title"), rows, REPRODUCE.match(line).group("line")
+            head = None
+
+
+def _pasted(line):
+    """A cell that runs the reproduce line as pasted, and prints the report it gives."""
+    import ast
+    import textwrap
+
+    *before, last = ast.parse(line).body
+    assert isinstance(last, ast.Expr), line
+    body = before + [ast.Assign(targets=[ast.Name("_pasted", ast.Store())], value=last.value)]
+    code = ast.unparse(ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])))
+    return ("try:\n" + textwrap.indent(code, "    ") + "\n"
+            "except __import__('tinymlp').GradcheckError as _error:   # a failing check raises: its report\n"
+            "    _pasted = _error.report\n"
+            "print(_pasted)")
+
+
+def test_a_report_and_its_reproduce_line_are_read_from_a_cell():
+    text = ("tinymlp.gradcheck FAILED: bad  [mode=full\n\n  tensor  shape\n  input x  (2,3)  6  6  FAIL\n"
+            "  param weight  (3,)  3  0  ok\nreproduce: tinymlp.gradcheck(bad, (x,), seed=0)   # x: (2,3) float64\n"
+            "tinymlp.gradcheck passed: good  [mode=full\n")
+    assert list(_reports(text)) == [("FAILED", "bad", ["input x  (2,3)  6  6  FAIL", "param weight  (3,)  3  0  ok"],
+                                     "tinymlp.gradcheck(bad, (x,), seed=0)   # x: (2,3) float64")]
+    cell = _pasted("import tinymlp.lessons; tinymlp.gradcheck(*tinymlp.lessons.case('03.2', MyGELU))")
+    assert cell.startswith("try:\n    import tinymlp.lessons\n    _pasted = tinymlp.gradcheck(")
+    assert cell.endswith("print(_pasted)")
+
+
+@pytest.mark.lessons
+@pytest.mark.parametrize("path", REPORTING, ids=_ids(REPORTING))
+def test_every_reproduce_line_a_lesson_prints_runs_when_pasted_there(path, kernel_env):
+    """Run the lesson cell by cell; after a cell that prints a report, paste its reproduce line
+    into the next cell: it must run there (no NameError, no other tensor of the same name) and
+    give the same report: the same verdict, the same function, the same table."""
+    import nbclient
+    import nbformat
+    from nbformat.v4 import new_code_cell
+
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                     resources={"metadata": {"path": str(LESSONS)}})
+    pasted = []
+    with client.setup_kernel():
+        for index, cell in enumerate(list(nb.cells)):
+            if cell.cell_type != "code":
+                continue
+            client.execute_cell(cell, index)
+            for status, title, rows, line in list(_reports(_printed(cell))):
+                probe = new_code_cell(_pasted(line))
+                try:
+                    client.execute_cell(probe, index)
+                except nbclient.exceptions.CellExecutionError as err:
+                    pytest.fail(f"{path.name}, cell {index}: the reproduce line\n    {line}\nraises when pasted "
+                                f"there:\n{_clean(str(err))[-1500:]}", pytrace=False)
+                again = list(_reports(_printed(probe)))
+                assert again, (line, _printed(probe))
+                assert again[0][:3] == (status, title, rows), (path.name, index, line, again[0], (status, title, rows))
+                pasted.append(line)
+    print(f"{path.name}: {len(pasted)} reproduce line(s) pasted")
+
+
 # ------------------------------------------------------------------------------ the autograder
 @pytest.mark.lessons
 def test_autograder_exit_codes_and_table(kernel_env):
@@ -465,6 +559,59 @@ def test_lesson_10s_own_layer_needs_a_backward_of_its_own_and_every_parameter_ch
 
     assert not checks.check("10.3", (Layer(), (x,)))
     assert "parameter 'alpha' (5,): a float tensor without requires_grad=True" in capsys.readouterr().out
+
+
+def test_lesson_10s_reading_a_failure_gets_rmsnorms_own_hint():
+    """The demonstration's layer (RMSNorm with a gain, r treated as a constant) at the lesson's
+    shapes: the likely line is RMSNorm's formula, which following literally fixes the layer."""
+    import numpy as np
+
+    import tinymlp
+    from tinymlp import Function, gradcheck
+
+    class RMSNormForgot(Function):
+        @staticmethod
+        def forward(ctx, x, weight, eps=1e-6):
+            r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+            ctx.save_for_backward(x * r, r, weight)
+            return x * r * weight
+
+        @staticmethod
+        def backward(ctx, grad):
+            xh, r, weight = ctx.saved_tensors
+            return r * (grad * weight), (grad * xh).reshape(-1, xh.shape[-1]).sum(axis=0)
+
+    class RMSNormAsTold(RMSNormForgot):                  # the likely line, followed to the letter
+        @staticmethod
+        def backward(ctx, grad):
+            x_hat, r, weight = ctx.saved_tensors
+            g = grad * weight                            # "g being the incoming gradient times the gain"
+            dx = r * (g - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))
+            return dx, (grad * x_hat).reshape(-1, x_hat.shape[-1]).sum(axis=0)
+
+    rng = np.random.default_rng(0)
+    x = tinymlp.tensor(rng.standard_normal((3, 4, 6)), requires_grad=True)
+    weight = tinymlp.tensor(rng.uniform(0.5, 1.5, 6), requires_grad=True)
+    result = gradcheck(RMSNormForgot.apply, (x, weight), raise_on_fail=False).per_tensor["x"]
+    assert result.hint_kind == "row_multiple" and "forward is the RMSNorm of 'x'" in result.pattern
+    assert "RMSNorm's backward" in result.hint and "L2" not in result.hint and "mean(g) -" not in result.hint
+    assert gradcheck(RMSNormAsTold.apply, (x, weight), raise_on_fail=False).passed
+    text = (LESSONS / "src" / "10_gradcheck_your_layer.py").read_text()
+    section = text[text.index("## 4. Reading a failure"):text.index("## 5.")]
+    assert "likely" in section and "no `likely`" not in section and "RMSNorm's backward" in section
+
+
+def test_the_notation_of_lessons_5_and_7():
+    """Lesson 5: d before a variable is a differential, a gradient is G with its variable's name;
+    lesson 7: g is the upstream gradient only, and dgamma's sums say over which axes."""
+    five = (LESSONS / "src" / "05_softmax_attention.py").read_text()
+    markdown = "\n".join(line for line in five.splitlines() if line.startswith("#"))
+    assert not re.search(r"\$d[SPV]\b|\bd[SPV] =|d[SP]_\{ij\}|dS\^\\top|dS\\,K", markdown), \
+        re.findall(r".*(?:\$d[SPV]\b|\bd[SPV] =).*", markdown)
+    assert "G_P := " in markdown and "G_S = P" in markdown and "a differential" in markdown
+    seven = (LESSONS / "src" / "07_gmlp_sgu.py").read_text()
+    assert not re.search(r"\$g = |with \$g\b|\\overline g\b", seven)
+    assert r"d\gamma_c = \sum_{b,i}" in seven and "axes 0 and 1" in seven
 
 
 def _masked_mean(forward="right", backward="right"):

@@ -78,7 +78,7 @@ def attention_cost(rng):
     return CostCase((q, k, v), (True, True, True), attention_reference)
 
 
-@exercise("05.3", "attention backward (dQ, dK, dV)", answer="MyAttention", seed=8, derived=True,
+@exercise("05.3", "attention backward (the gradients of Q, K, V)", answer="MyAttention", seed=8, derived=True,
           cost=attention_cost, reference="tinymlp/ops/attention.py (Attention.backward)",
           forbidden=("tinymlp.ops.attention.Attention", "tinymlp.ops.attention.Softmax"))
 def attention_backward(cls, case):
@@ -95,8 +95,8 @@ def attention_backward(cls, case):
     close("forward", attention(q, k, v), p @ Vn)
     run_gradcheck(attention, (q, k, v), case)
     g = rng.normal(size=(B, T, dv))
-    dp = g @ Vn.transpose(0, 2, 1)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    dp = g @ Vn.transpose(0, 2, 1)                            # G_P = dL/dP
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))      # G_S = dL/dS
     dq, dk, dvv = grads(attention, (t64(Q), t64(K), t64(Vn)), g)
     exact("dL/dq", dq, ds @ K * scale)
     exact("dL/dk", dk, ds.transpose(0, 2, 1) @ Q * scale)
