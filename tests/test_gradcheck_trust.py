@@ -102,6 +102,66 @@ def test_rmsnorm_gets_its_own_formula_and_never_layernorms():
     assert "mean(g) -" not in result.hint and "g - mean(g)" not in result.hint
 
 
+class RMSNormRConstant(RMSNormMeanOverD):
+    """The lesson's RMSNorm with a gain; the bug: r treated as a constant (the row term missing)."""
+
+    @staticmethod
+    def backward(ctx, g):
+        xh, r, weight = ctx.saved_tensors
+        return r * g * weight, (g * xh).reshape(-1, xh.shape[-1]).sum(axis=0)
+
+
+class L2NormalizeRConstant(L2NormalizeBatchDot):
+    """y = x / ||x||, no gain; the same bug."""
+
+    @staticmethod
+    def backward(ctx, g):
+        y, norm = ctx.saved_tensors
+        return g / norm
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 6), (3, 6), (8, 5)])
+def test_rmsnorm_with_a_gain_and_l2_normalisation_are_told_apart(shape):
+    """The two differ by the constant sqrt(D), so both fit forward's output up to a gain per
+    column: the op named is the one whose gain is nearest 1."""
+    x, weight = leaf(shape, 5, dtype="float32"), leaf(shape[-1], 6, 0.3, 1.0, dtype="float32")
+    rms = failing(RMSNormRConstant.apply, (x, weight)).per_tensor["x"]
+    assert "forward is the RMSNorm of 'x'" in rms.pattern and "RMSNorm's backward" in rms.hint, rms.hint
+    assert "L2" not in rms.hint
+    l2 = failing(L2NormalizeRConstant.apply, (leaf(shape, 7),)).per_tensor["x"]
+    assert "forward is the L2 normalisation of 'x'" in l2.pattern and "RMSNorm" not in l2.hint, l2.hint
+
+
+class SoftplusSharpnessTermMissing(Function):
+    """y = log(1 + exp(beta x)) / beta, beta per channel; the bug: d/dbeta misses -softplus / beta^2,
+    a term that outweighs the one kept, so the gradient has mostly the opposite sign."""
+
+    @staticmethod
+    def forward(ctx, x, beta):
+        sp = np.logaddexp(0, beta * x)
+        ctx.save_for_backward(x, beta, sp)
+        return sp / beta
+
+    @staticmethod
+    def backward(ctx, g):
+        x, beta, sp = ctx.saved_tensors
+        s = 1 / (1 + np.exp(-beta * x))
+        return g * s, (g * x * s / beta).reshape(-1, x.shape[-1]).sum(axis=0)
+
+
+def test_a_missing_term_that_outweighs_the_rest_is_not_called_the_main_terms_sign():
+    rng = np.random.default_rng(3)
+    x = tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True, dtype="float64")
+    beta = tinymlp.tensor(rng.uniform(0.5, 2.0, 5), requires_grad=True, dtype="float64")
+    report = failing(SoftplusSharpnessTermMissing.apply, (x, beta))
+    result = report.per_tensor["beta"]
+    assert report.per_tensor["x"].ok and result.hint_kind == "wrong_formula"
+    assert "correlation of analytical and numerical -0.9" in result.pattern, result.pattern
+    assert "main term" not in result.hint
+    assert "a term of the derivative that outweighs the others is missing from backward or has the wrong sign" \
+        in result.hint
+
+
 class SquashNoInverseNorm(Function):
     """y = x / (1 + ||x||) per row (no known op); the bug: the 1 / ||x|| of d||x||/dx is missing."""
 

@@ -466,6 +466,124 @@ def test_every_trick_found_so_far_fails_with_its_reason(name, tmp_path, env):
     assert result["reason"], name
 
 
+GELU_HALF_LOST = """
+import math
+import numpy as np
+from tinymlp import Function
+
+C0, C1 = math.sqrt(2 / math.pi), 0.044715
+
+
+class MyGELU(Function):
+    @staticmethod
+    def forward(ctx, x):
+        t = np.tanh(C0 * (x + C1 * x * x * x))
+        ctx.save_for_backward(x, t)
+        return 0.5 * x * (1 + t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, t = ctx.saved_tensors
+        return grad * (0.5 * (1 + t) + x * (1 - t * t) * C0 * (1 + 3 * C1 * x * x))   # the 1/2 of (1 - t^2)/2 lost
+"""
+SOFTPLUS_TERM_MISSING = """
+import numpy as np
+import tinymlp
+from tinymlp import Function
+
+
+class SoftplusBeta(Function):                        # y = log(1 + exp(beta x)) / beta, beta per channel
+    @staticmethod
+    def forward(ctx, x, beta):
+        sp = np.logaddexp(0, beta * x)
+        ctx.save_for_backward(x, beta, sp)
+        return sp / beta
+
+    @staticmethod
+    def backward(ctx, g):
+        x, beta, sp = ctx.saved_tensors
+        s = 1 / (1 + np.exp(-beta * x))
+        return g * s, (g * x * s / beta).reshape(-1, x.shape[-1]).sum(0)   # the term - sp / beta**2 missing
+
+
+def my_layer(x, beta):
+    return SoftplusBeta.apply(x, beta)
+
+
+rng = np.random.default_rng(3)
+layer_inputs = (tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True, dtype="float64"),
+                tinymlp.tensor(rng.uniform(0.5, 2.0, 5), requires_grad=True, dtype="float64"))
+"""
+PRELU_SLOPE_UNCHECKED = """
+import numpy as np
+import tinymlp
+from tinymlp import Function
+
+
+class PReLU(Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.save_for_backward(x, alpha)
+        return np.where(x > 0, x, alpha * x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, alpha = ctx.saved_tensors
+        return np.where(x > 0, g, alpha * g), 3 * (g * np.minimum(x, 0)).sum(0)   # wrong, and never checked
+
+
+def my_layer(x, alpha):
+    return PReLU.apply(x, alpha)
+
+
+rng = np.random.default_rng(0)
+layer_inputs = (tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True),
+                tinymlp.tensor(rng.uniform(0.1, 0.4, 5)))          # the slope: requires_grad forgotten
+"""
+# a student's slip -> the words the grader's reason (the one-line summary) must use, and must not
+MISTAKES = {
+    "GELU: a factor 1/2 lost in one term": ("03.2", "MyGELU", GELU_HALF_LOST,
+                                            "the term x (1 - t^2)/2 c0 (1 + 3 c1 x^2) of dy/dx is twice", "FAILED:"),
+    "Toeplitz: the transpose": ("07.2", "toeplitz", """
+import numpy as np
+def toeplitz(w, S):
+    i, j = np.indices((S, S))
+    return w[j - i + S - 1]
+""", "exactly the transpose of the expected", "largest difference"),
+    "Toeplitz backward: the diagonals reversed": ("07.3", "toeplitz_backward", """
+import numpy as np
+def toeplitz_backward(dW):
+    S = dW.shape[0]
+    return np.array([np.trace(dW, offset=k) for k in range(-(S - 1), S)])
+""", "exactly the expected reversed", "largest difference"),
+    "rotation: the sign of sin": ("05.4", "rotation", """
+import numpy as np
+def rotation(phi, omega):
+    M = np.zeros((2 * len(omega), 2 * len(omega)))
+    for i, w in enumerate(omega):
+        c, s = np.cos(w * phi), np.sin(w * phi)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, -s], [s, c]]
+    return M
+""", "a shift backwards", "largest difference"),
+    "own layer: a missing term": ("10.3", "(my_layer, layer_inputs)", SOFTPLUS_TERM_MISSING,
+                                  "missing from backward or has the wrong sign", "the main term"),
+    "own layer: a parameter without requires_grad": ("10.3", "(my_layer, layer_inputs)", PRELU_SLOPE_UNCHECKED,
+                                                    "input 'alpha' (5,): a float tensor without requires_grad=True",
+                                                    "passed"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path, env):
+    ex_id, answer, source, said, unsaid = MISTAKES[name]
+    nb = new_notebook(cells=[new_code_cell(source), new_code_cell(f'check("{ex_id}", {answer})')])
+    path = submit(tmp_path, "erin", f"{ex_id[:2]}_mistake.ipynb", nb)
+    result = grader.grade_exercise(path, "erin/mistake.ipynb", ex_id, [None, SEED], timeout=60)
+    assert result["status"] == "FAILED", (name, result)
+    assert said in result["reason"], (name, result["reason"])
+    assert unsaid not in result["reason"], (name, result["reason"])
+
+
 def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, env):
     nb = new_notebook(cells=[new_code_cell("def mixer_block_parameters(S, C, D_S, D_C):\n    while True:\n        pass"),
                              new_code_cell('check("06.1", mixer_block_parameters)')])
@@ -578,7 +696,7 @@ def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
     from tinymlp.lessons.guard import Guard
 
     for ex in EXERCISES.values():
-        assert ex.section.startswith(f"lesson {int(ex.lesson)}, section"), ex.id
+        assert ex.section.startswith(f'lesson {int(ex.lesson)}, section "'), ex.id   # a heading: see test_lessons.py
         path = ex.reference.split(" ")[0]
         assert (ROOT / path).is_file(), (ex.id, path)
         assert len(Guard(ex).forbidden) >= len(ex.forbidden), ex.id   # every forbidden name still resolves

@@ -258,10 +258,15 @@ def _still_known(run, c, result, elements):
                           "flipped" if one_sign is not None else "")
                        + "; write out each term of d(forward)/d(input) and compare it with backward")
     elif corr is not None and corr < -0.5:
-        result.hint = "mostly the opposite sign: the main term of the derivative has the wrong sign"
+        # a - n = -(a missing term) fits as well as a flipped sign: the numbers cannot tell them apart
+        result.hint = ("mostly the opposite sign, but no single factor (a sign error in the whole derivative would "
+                       "give analytical / numerical = -1): a term of the derivative that outweighs the others is "
+                       "missing from backward or has the wrong sign; write out each term of d(forward)/d(input) "
+                       "and compare it with backward")
     else:
         two = any(o is not c and o.tensor.shape == c.tensor.shape for o in run.checked)
-        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved value"
+        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved value, "
+                       "a term missing that outweighs the others"
                        + (", or the gradients of two inputs returned in the wrong order" if two else ""))
 
 

@@ -72,7 +72,9 @@ def _project(e, v):
 
 def known_normalisation(run, c, axis):
     """The name of the op in NORMALISATIONS that forward's one output is, of c along ``axis``
-    (up to a gain, or a gain and bias, per column), or None."""
+    (up to a gain, or a gain and bias, per column), or None. Ops that differ by a constant factor
+    (RMSNorm is sqrt(D) times the L2 normalisation) fit equally well: the one whose fitted gain
+    is nearest 1 is named (an L2 normalisation has no gain; an RMSNorm's gain is about 1)."""
     with no_grad():
         outputs = run.ev.outputs()
     if len(outputs) != 1 or tuple(outputs[0].shape) != tuple(c.tensor.shape):
@@ -85,28 +87,31 @@ def known_normalisation(run, c, axis):
             z = forward(x)
             if not np.isfinite(z).all():
                 continue
-            misfit = _misfit(z.reshape(-1, z.shape[-1]), y.reshape(-1, y.shape[-1]))
-            if misfit <= FIT_RTOL and (best is None or misfit < best[0]):
-                best = (misfit, op)
+            misfit, gain = _misfit(z.reshape(-1, z.shape[-1]), y.reshape(-1, y.shape[-1]))
+            if misfit <= FIT_RTOL:
+                key = abs(np.log(gain)) if gain > 0 else np.inf
+                if best is None or key < best[0]:
+                    best = (key, op)
     return None if best is None else best[1]
 
 
 def _misfit(z, y):
-    """How far y is from z, from w z or from w z + b (w, b per column, fitted over the rows),
-    relative to |y|; a fit needs more rows than it has parameters per column."""
+    """(misfit, gain): how far y is from z, from w z or from w z + b (w, b per column, fitted over
+    the rows), relative to |y|, the closest of the three; and the typical size of its gain w (the
+    median |w|; 1 for y = z). A fit needs more rows than it has parameters per column."""
     size = np.linalg.norm(y) or 1.0
-    misfits = [np.linalg.norm(y - z) / size]
+    fits = [(np.linalg.norm(y - z) / size, 1.0)]
     rows = z.shape[0]
     if rows >= 2:
         zz = (z * z).sum(0)
         w = np.where(zz > 0, (z * y).sum(0) / np.where(zz > 0, zz, 1), 0)
-        misfits.append(np.linalg.norm(y - w * z) / size)
+        fits.append((np.linalg.norm(y - w * z) / size, float(np.median(np.abs(w)))))
     if rows >= 3:
         zc, yc = z - z.mean(0), y - y.mean(0)
         zz = (zc * zc).sum(0)
         w = np.where(zz > 0, (zc * yc).sum(0) / np.where(zz > 0, zz, 1), 0)
-        misfits.append(np.linalg.norm(yc - w * zc) / size)
-    return min(misfits)
+        fits.append((np.linalg.norm(yc - w * zc) / size, float(np.median(np.abs(w)))))
+    return min(fits)
 
 
 def row_hint(run, c, result):

@@ -8,7 +8,8 @@ In a lesson notebook, after each exercise::
 prints ``exercise 04.1 LayerNorm backward: passed``, ``... not done yet`` (the answer still
 raises ``NotImplementedError("exercise 04.1")`` or is ``...``) or ``... FAILED`` followed by
 what is wrong, a ``reproduce:`` line that runs in the notebook, and the lesson section and
-library file to compare with. It never raises and returns True once the exercise passed.
+library file to compare with. It never raises, and returns a value that is true once the
+exercise passed (``if check(...):``) and that a notebook does not display under the line.
 Because the checks are part of the installed package (``pip install -e .``), a notebook
 copied out of the repository still finds them.
 

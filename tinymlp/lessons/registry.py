@@ -2,8 +2,7 @@
 
 An exercise is a check function registered with ``@exercise``::
 
-    @exercise("04.1", "LayerNorm backward", answer="MyLayerNorm",
-              section="lesson 4, section 3", reference="tinymlp/ops/norm.py (LayerNorm)",
+    @exercise("04.1", "LayerNorm backward", answer="MyLayerNorm", reference="tinymlp/ops/norm.py (LayerNorm)",
               forbidden=("tinymlp.ops.norm.LayerNorm",), derived=True, cost=layer_norm_cost)
     def layer_norm(cls, case):
         shape = case.pick((2, 3, 8), (3, 2, 5))      # the public case's shape, a hidden case's
@@ -15,6 +14,10 @@ seed and shapes, the same every time: what a notebook's ``check`` runs) or a hid
 seed of the grader's and other shapes, which the notebook never saw). It raises ``Wrong`` (or
 ``GradcheckError``) when the answer is wrong and returns when it is right. The checks live in
 ``tinymlp/lessons/checks/``, one file per lesson.
+
+Where the lesson teaches the exercise (``Exercise.section``, the ``see:`` line of a failing check)
+is not written here: ``lessons/make_lessons.py`` reads it from the notebook's own headings above
+the exercise's answer into ``sections.py``.
 
 ``forbidden`` names the library code that implements the same thing: it is unavailable to the
 answer (``guard.py``). ``derived``: the exercise asks for a derivative worked out by hand, so
@@ -55,7 +58,6 @@ class Exercise:
     title: str
     run: object  # run(answer, case): raises Wrong / GradcheckError when the answer is wrong
     answer: str  # the name the lesson gives the answer (MyLayerNorm, neuron_gradient, ...)
-    section: str  # where the lesson teaches it: "lesson 4, section 3 (the Function)"
     reference: str  # the file of tinymlp that does the same: "tinymlp/ops/norm.py (LayerNorm)"
     forbidden: tuple = ()  # dotted names of that code: unavailable to the answer
     seed: int = 0  # the public case's seed
@@ -66,15 +68,27 @@ class Exercise:
     def lesson(self) -> str:
         return self.id.split(".")[0]
 
+    @property
+    def headings(self) -> tuple:
+        """The notebook's headings above the exercise's answer: ("1. Softmax", "The Jacobian")."""
+        from .sections import SECTIONS
+
+        return SECTIONS.get(self.id, ())
+
+    @property
+    def section(self) -> str:
+        """Where the lesson teaches it: 'lesson 5, section "1. Softmax" > "The Jacobian"'."""
+        where = " > ".join(f'"{h}"' for h in self.headings)
+        return f"lesson {int(self.lesson)}" + (f", section {where}" if where else "")
+
 
 EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(ex_id, title, *, answer, section, reference, forbidden=(), seed=0, derived=False, cost=None):
+def exercise(ex_id, title, *, answer, reference, forbidden=(), seed=0, derived=False, cost=None):
     """Register a check function as the check of exercise ``ex_id``."""
     def register(fn):
-        EXERCISES[ex_id] = Exercise(ex_id, title, fn, answer, section, reference, tuple(forbidden), seed,
-                                    derived, cost)
+        EXERCISES[ex_id] = Exercise(ex_id, title, fn, answer, reference, tuple(forbidden), seed, derived, cost)
         return fn
     return register
 

@@ -189,11 +189,15 @@ def _failed(ex, details, reproduce):
 
 
 def reason_of(details: str) -> str:
-    """One line for a table: the first ``likely`` line, else the first PROBLEM, else the first line."""
+    """One line for a table: the first ``likely`` line, else the first PROBLEM, else (a gradcheck
+    report without either) the first failing tensor and its ``pattern`` line, else the first line."""
     for pattern in (r"^\s*likely\s*:\s*(.+)$", r"^PROBLEM \([a-z_]+\): (.+)$"):
         match = re.search(pattern, details, flags=re.M)
         if match:
             return match.group(1).strip()
+    match = re.search(r"^FAIL (\S+) [^\n]*\n(?:(?![A-Z]{4} )[^\n]*\n)*?\s+pattern\s*:\s*([^\n]+)", details, flags=re.M)
+    if match:
+        return f"the gradient of {match.group(1)!r} is wrong: {match.group(2).strip()}"
     lines = [line.strip() for line in details.splitlines() if line.strip()]
     return lines[0] if lines else ""
 
@@ -295,22 +299,51 @@ def describe_error(err) -> str:
 
 
 # ------------------------------------------------------------------------------ in the notebook
-def check(ex_id: str, answer, seed: int | None = None) -> bool:
+class Checked:
+    """What ``check`` returns: true once the exercise passed (``if check(...):``, ``done = check(...)``).
+
+    ``check`` has printed the result already, so as the last value of a notebook cell it shows
+    nothing (no ``True`` or ``False`` under the printed line); ``result`` is the full ``Result``.
+    """
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Result):
+        self.result = result
+
+    def __bool__(self):
+        return self.result.status == PASSED
+
+    def __eq__(self, other):
+        return bool(self) == other if isinstance(other, bool) else NotImplemented
+
+    def __hash__(self):
+        return hash(bool(self))
+
+    def __repr__(self):
+        return f"<check {self.result.id}: {self.result.status}>"
+
+    def _ipython_display_(self):  # IPython: already printed, show nothing more
+        pass
+
+
+def check(ex_id: str, answer, seed: int | None = None) -> Checked:
     """Check the answer to exercise ``ex_id``; print one line (and what is wrong when it is).
 
     ``check("04.1", MyLayerNorm)`` runs the public case; ``seed=`` runs the hidden case a
-    grader's report names. Returns True when it passed, so that later cells can use the
-    answer; never raises, so a stub or a wrong answer does not stop the notebook.
+    grader's report names. Returns a value that is true when it passed, so that later cells
+    can use the answer (and that a notebook does not display); never raises, so a stub or a
+    wrong answer does not stop the notebook.
     """
     from . import checks  # noqa: F401 (registers the checks)
 
     if ex_id not in EXERCISES:
         print(f"exercise {ex_id}: no such exercise (known: {', '.join(sorted(EXERCISES))})")
-        return False
+        return Checked(Result(ex_id, "", FAILED, details="no such exercise"))
     text = expression_of(answer, sys._getframe(1).f_globals)
     result = run_check(ex_id, answer, seeds=(seed,), answer_text=text)
     print(result.text())
-    return result.status == PASSED
+    return Checked(result)
 
 
 def expression_of(answer, names) -> str | None:

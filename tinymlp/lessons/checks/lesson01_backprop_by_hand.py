@@ -10,7 +10,6 @@ from .common import array_of, close, exact
 
 
 @exercise("01.1", "a logistic neuron's gradient", answer="neuron_gradient", seed=1, derived=True,
-          section="lesson 1, section 2 (one neuron, by the chain rule)",
           reference="tinymlp/ops/elementwise.py (Sigmoid.backward: s (1 - s))")
 def neuron(neuron_gradient, case):
     rng = case.rng
@@ -25,7 +24,6 @@ def neuron(neuron_gradient, case):
 
 
 @exercise("01.2", "central difference", answer="my_central_difference",
-          section="lesson 1, section 3 (finite differences and their Taylor error)",
           reference="tinymlp/gradcheck/method.py (Evaluator.central_differences)")
 def central(central_difference, case):
     # f(x) = x^3: the central difference is exactly 3x^2 + h^2 (the h^2 f'''/6 term), a one-sided

@@ -59,7 +59,6 @@ def graphs(case):
 
 
 @exercise("02.1", "topological order", answer="topological_order",
-          section="lesson 2, section 3 (reverse topological order)",
           reference="tinymlp/autograd.py (_reverse_topological)")
 def topological(topological_order, case):
     for root, _, _ in graphs(case):
@@ -90,7 +89,6 @@ def topological(topological_order, case):
 
 
 @exercise("02.2", "backward with gradient accumulation", answer="backward",
-          section="lesson 2, section 3 (gradient accumulation)",
           reference="tinymlp/autograd.py (backward)")
 def accumulated(backward, case):
     for root, leaves, expected in graphs(case):
@@ -107,7 +105,6 @@ def accumulated(backward, case):
 
 
 @exercise("02.3", "unbroadcast", answer="my_unbroadcast", seed=2,
-          section="lesson 2, section 5 (broadcasting and its gradient)",
           reference="tinymlp/autograd.py (unbroadcast)", forbidden=("tinymlp.autograd.unbroadcast",))
 def unbroadcast(my_unbroadcast, case):
     shapes = case.pick([((4, 3), (3,)), ((4, 3), (4, 1)), ((2, 4, 3), (4, 1)), ((2, 4, 3), (1, 1, 3)),

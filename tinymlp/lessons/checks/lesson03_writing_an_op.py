@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..registry import CostCase, exercise
-from .common import close, exact, gelu_grad, grads, rows, run_gradcheck, t64
+from .common import C0, C1, close, exact, gelu_grad, grads, rows, run_gradcheck, t64, wrong_term
 from .common import gelu as gelu_reference
 
 
@@ -13,7 +15,6 @@ def linear_cost(rng):
 
 
 @exercise("03.1", "Linear backward", answer="MyLinear", seed=3, derived=True, cost=linear_cost,
-          section="lesson 3, section 2 (Linear as a Function)",
           reference="tinymlp/ops/linear.py (Linear.backward)",
           forbidden=("tinymlp.ops.linear.Linear", "tinymlp.ops.matmul.MatMul"))
 def linear(cls, case):
@@ -41,7 +42,6 @@ def gelu_cost(rng):
 
 
 @exercise("03.2", "GELU backward", answer="MyGELU", seed=4, derived=True, cost=gelu_cost,
-          section="lesson 3, section 3 (GELU as a Function)",
           reference="tinymlp/ops/activation.py (GELU.backward)",
           forbidden=("tinymlp.ops.activation.GELU",))
 def gelu_backward(cls, case):
@@ -52,6 +52,19 @@ def gelu_backward(cls, case):
 
     X = x.numpy().copy()
     close("forward", gelu(x), gelu_reference(X))
-    run_gradcheck(gelu, (x,), case)
+    run_gradcheck(gelu, (x,), case, explain=lambda report: gelu_terms(report, gelu, X))
     g = case.rng.normal(size=x.shape)
     exact("dL/dx", grads(gelu, (t64(X),), g)[0], g * gelu_grad(X))
+
+
+def gelu_terms(report, gelu, X):
+    """Which term of dy/dx = h + x (1 - t^2)/2 c0 (1 + 3 c1 x^2) the answer has wrong, if one."""
+    g = np.random.default_rng(0).normal(size=X.shape)
+    t = np.tanh(C0 * (X + C1 * X**3))
+    outer = g * 0.5 * X * (1 - t * t) * C0
+    terms = [("h = (1 + t)/2", g * 0.5 * (1 + t)),
+             ("x (1 - t^2)/2 c0 (1 + 3 c1 x^2)", outer * (1 + 3 * C1 * X * X)),
+             ("x (1 - t^2)/2 c0 (the 1 of 1 + 3 c1 x^2)", outer),
+             ("x (1 - t^2)/2 c0 3 c1 x^2", outer * 3 * C1 * X * X)]
+    wrong_term(report, "x", grads(gelu, (t64(X),), g)[0], g * gelu_grad(X), terms, of="dy/dx",
+               constants={"c0 = sqrt(2/pi)": C0, "3": 3.0})

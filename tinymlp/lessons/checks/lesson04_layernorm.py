@@ -15,7 +15,6 @@ def layer_norm_cost(rng):
 
 
 @exercise("04.1", "LayerNorm backward", answer="MyLayerNorm", seed=5, derived=True, cost=layer_norm_cost,
-          section="lesson 4, section 3 (a Function with that backward)",
           reference="tinymlp/ops/norm.py (LayerNorm.backward, normalize_backward)",
           forbidden=("tinymlp.ops.norm.LayerNorm", "tinymlp.ops.norm.normalize_backward"))
 def layernorm(cls, case):
@@ -39,7 +38,6 @@ def layernorm(cls, case):
 
 
 @exercise("04.2", "LayerNorm Jacobian", answer="layer_norm_jacobian", seed=6, derived=True,
-          section="lesson 4, section 2 (the backward step by step: step 4)",
           reference="tinymlp/ops/norm.py (normalize_backward: J g without J)",
           forbidden=("tinymlp.ops.norm.normalize_backward",))
 def jacobian(layer_norm_jacobian, case):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..registry import CostCase, Wrong, exercise
-from .common import array_of, close, exact, grads, run_gradcheck, t64
+from .common import array_of, close, exact, grads, rearranged, run_gradcheck, t64, wrong_term
 from .common import softmax as softmax_reference
 
 
@@ -17,7 +17,6 @@ def softmax_cost(rng):
 
 
 @exercise("05.1", "softmax backward", answer="MySoftmax", seed=7, derived=True, cost=softmax_cost,
-          section="lesson 5, section 1 (the softmax Jacobian)",
           reference="tinymlp/ops/attention.py (Softmax.backward)",
           forbidden=("tinymlp.ops.attention.Softmax", "tinymlp.ops.attention.LogSoftmax"))
 def softmax_backward(cls, case):
@@ -28,9 +27,16 @@ def softmax_backward(cls, case):
 
     X = x.numpy().copy()
     close("forward", softmax(x), softmax_reference(X))
-    run_gradcheck(softmax, (x,), case)
+    run_gradcheck(softmax, (x,), case, explain=lambda report: softmax_terms(report, softmax, X))
     g, p = case.rng.normal(size=x.shape), softmax_reference(X)
     exact("dL/dx", grads(softmax, (t64(X),), g)[0], p * (g - (g * p).sum(axis=-1, keepdims=True)))
+
+
+def softmax_terms(report, softmax, X):
+    """Which term of dL/dx = p g - p <g, p> the answer has wrong, if one."""
+    g, p = np.random.default_rng(0).normal(size=X.shape), softmax_reference(X)
+    terms = [("p * g", p * g), ("- p <g, p> (the row's inner product)", -p * (g * p).sum(axis=-1, keepdims=True))]
+    wrong_term(report, "x", grads(softmax, (t64(X),), g)[0], sum(t for _, t in terms), terms, of="dL/dx")
 
 
 def cross_entropy_reference(logits, labels):
@@ -43,7 +49,6 @@ def cross_entropy_cost(rng):
 
 
 @exercise("05.2", "cross-entropy backward", answer="MyCrossEntropy", seed=9, derived=True, cost=cross_entropy_cost,
-          section="lesson 5, section 2 (cross-entropy from log-sum-exp)",
           reference="tinymlp/ops/loss.py (CrossEntropy.backward)",
           forbidden=("tinymlp.ops.loss.CrossEntropy", "tinymlp.ops.attention.Softmax",
                      "tinymlp.ops.attention.LogSoftmax"))
@@ -73,9 +78,8 @@ def attention_cost(rng):
     return CostCase((q, k, v), (True, True, True), attention_reference)
 
 
-@exercise("05.3", "attention backward (dQ, dK, dV)", answer="MyAttention", seed=8, derived=True,
-          cost=attention_cost, section="lesson 5, section 3 (attention and its backward)",
-          reference="tinymlp/ops/attention.py (Attention.backward)",
+@exercise("05.3", "attention backward (the gradients of Q, K, V)", answer="MyAttention", seed=8, derived=True,
+          cost=attention_cost, reference="tinymlp/ops/attention.py (Attention.backward)",
           forbidden=("tinymlp.ops.attention.Attention", "tinymlp.ops.attention.Softmax"))
 def attention_backward(cls, case):
     rng = case.rng
@@ -91,8 +95,8 @@ def attention_backward(cls, case):
     close("forward", attention(q, k, v), p @ Vn)
     run_gradcheck(attention, (q, k, v), case)
     g = rng.normal(size=(B, T, dv))
-    dp = g @ Vn.transpose(0, 2, 1)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    dp = g @ Vn.transpose(0, 2, 1)                            # G_P = dL/dP
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))      # G_S = dL/dS
     dq, dk, dvv = grads(attention, (t64(Q), t64(K), t64(Vn)), g)
     exact("dL/dq", dq, ds @ K * scale)
     exact("dL/dk", dk, ds.transpose(0, 2, 1) @ Q * scale)
@@ -100,7 +104,6 @@ def attention_backward(cls, case):
 
 
 @exercise("05.4", "the rotation that shifts a position", answer="rotation",
-          section="lesson 5, section 5 (sinusoidal positions)",
           reference="tinymlp/models/vit.py (sinusoidal_embedding)")
 def shift(rotation, case):
     d = case.pick(16, 12)
@@ -112,4 +115,22 @@ def shift(rotation, case):
         M = array_of(rotation(phi, omega.copy()), f"rotation({phi}, omega)")
         if M.shape != (d, d):
             raise Wrong(f"rotation({phi}, omega) has shape {M.shape}, expected {(d, d)}")
+        want = rotation_reference(phi, omega)
+        how = rearranged(M, want, atol=1e-9)
+        if how is not None and "transpose" in how:
+            raise Wrong(f"rotation({phi}, omega): yours is {how}: the rotation by -omega_i * phi, so M p_t = "
+                        f"p_(t-{phi}), a shift backwards; in each 2x2 block the two sin entries have swapped signs "
+                        "(row 2i is [cos, sin], row 2i+1 is [-sin, cos])")
+        if how is not None:
+            raise Wrong(f"rotation({phi}, omega): M p_t is not p_(t+{phi}): yours is {how}")
         close(f"M({phi}) p_t (every t)", pe[:-phi] @ M.T, pe[phi:], atol=1e-9)
+
+
+def rotation_reference(phi, omega):
+    """The block-diagonal M(phi): [[cos, sin], [-sin, cos]] of omega_i * phi in rows and columns 2i, 2i+1."""
+    d = 2 * len(omega)
+    M = np.zeros((d, d))
+    c, s = np.cos(omega * phi), np.sin(omega * phi)
+    k = np.arange(0, d, 2)
+    M[k, k], M[k, k + 1], M[k + 1, k], M[k + 1, k + 1] = c, s, -s, c
+    return M

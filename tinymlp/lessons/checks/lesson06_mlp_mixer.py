@@ -11,7 +11,6 @@ from .common import close, gelu, integer, layer_norm, run_gradcheck, t64
 
 
 @exercise("06.2", "token-mixing block from Linear layers", answer="TokenMixing", seed=10,
-          section="lesson 6, section 2 (token mixing, from Linear layers)",
           reference="tinymlp/models/mixer.py (MixerBlock)",
           forbidden=("tinymlp.models.mixer.MixerBlock", "tinymlp.models.mixer.MLP"))
 def token_mixing(cls, case):
@@ -37,7 +36,6 @@ def token_mixing(cls, case):
 
 
 @exercise("06.1", "a Mixer block's parameter count", answer="mixer_block_parameters",
-          section="lesson 6, section 1 (token mixing vs channel mixing)",
           reference="tinymlp/models/mixer.py (MixerBlock)")
 def parameter_count(mixer_block_parameters, case):
     sizes = case.pick([(16, 32, 24, 64), (196, 512, 256, 2048), (4, 3, 2, 5)],
@@ -51,7 +49,6 @@ def parameter_count(mixer_block_parameters, case):
 
 
 @exercise("06.3", "a Mixer block's floating-point operations", answer="mixer_block_flops",
-          section="lesson 6, section 3 (linear vs quadratic cost)",
           reference="tinymlp/models/mixer.py (MixerBlock)")
 def flops(mixer_block_flops, case):
     sizes = case.pick([(16, 32, 24, 64), (196, 512, 256, 2048), (4, 3, 2, 5)],

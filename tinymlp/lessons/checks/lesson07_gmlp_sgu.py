@@ -38,7 +38,6 @@ def sgu_cost(rng):
 
 
 @exercise("07.1", "SGU backward (dZ1, dZ2, dW, db)", answer="MySGU", seed=11, derived=True, cost=sgu_cost,
-          section="lesson 7, section 1 (the spatial gating unit and its backward)",
           reference="tinymlp/ops/gating.py (SpatialGating.backward)",
           forbidden=("tinymlp.ops.gating.SpatialGating", "tinymlp.ops.norm.LayerNorm",
                      "tinymlp.ops.norm.normalize_backward"))
@@ -67,18 +66,18 @@ def toeplitz_reference(w, S):
 
 
 @exercise("07.2", "Toeplitz matrix from its 2S - 1 numbers", answer="toeplitz", seed=12,
-          section="lesson 7, section 4 (Toeplitz spatial weights)",
           reference="tinymlp/ops/gating.py (toeplitz_1d)",
           forbidden=("tinymlp.ops.gating.toeplitz_1d", "tinymlp.ops.gating.Toeplitz1d"))
 def toeplitz_matrix(toeplitz, case):
     for S in case.pick((1, 4, 7), (2, 5, 6)):
         w = case.rng.normal(size=2 * S - 1)
         want = toeplitz_reference(w, S)
-        close(f"toeplitz(w, S={S})", toeplitz(w.copy(), S), want)
+        close(f"toeplitz(w, S={S})", toeplitz(w.copy(), S), want,
+              notes={"transpose": "W[i, j] is w[i - j + S - 1] (row index minus column index); yours takes "
+                                  "w[j - i + S - 1]"})
 
 
 @exercise("07.3", "Toeplitz backward (diagonal sums)", answer="toeplitz_backward", seed=13, derived=True,
-          section="lesson 7, section 4 (the Toeplitz backward)",
           reference="tinymlp/ops/gating.py (Toeplitz1d.backward)",
           forbidden=("tinymlp.ops.gating.Toeplitz1d",))
 def toeplitz_backward_check(toeplitz_backward, case):
@@ -88,7 +87,10 @@ def toeplitz_backward_check(toeplitz_backward, case):
         want = np.zeros(2 * S - 1)
         i, j = np.indices((S, S))
         np.add.at(want, (i - j + S - 1).ravel(), g.ravel())
-        exact(f"toeplitz_backward(dW of shape {(S, S)})", toeplitz_backward(g.copy()), want)
+        exact(f"toeplitz_backward(dW of shape {(S, S)})", toeplitz_backward(g.copy()), want,
+              notes={"reversed": "the diagonals are in the opposite order: dw[k] sums the diagonal i - j = k - (S - 1) "
+                                 "(row minus column), yours the diagonal j - i = k - (S - 1) (np.trace(dW, offset=m) "
+                                 "sums the entries with j - i = m)"})
 
     class Toeplitz(Function):
         @staticmethod

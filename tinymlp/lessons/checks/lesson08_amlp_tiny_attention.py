@@ -11,7 +11,6 @@ from .common import close, integer, softmax
 
 
 @exercise("08.2", "tiny attention's parameter count", answer="tiny_attention_parameters",
-          section="lesson 8, section 4 (what tiny attention costs)",
           reference="tinymlp/nn/attention.py (TinyAttention)")
 def parameter_count(tiny_attention_parameters, case):
     sizes = case.pick([(32, 64, 16), (256, 768, 64), (3, 5, 2)],
@@ -25,7 +24,6 @@ def parameter_count(tiny_attention_parameters, case):
 
 
 @exercise("08.1", "attention weights from queries and keys", answer="attention_weights", seed=14,
-          section="lesson 8, section 3 (the attention weights)",
           reference="tinymlp/ops/attention.py (Attention.forward)",
           forbidden=("tinymlp.ops.attention.Attention",))
 def weights(attention_weights, case):

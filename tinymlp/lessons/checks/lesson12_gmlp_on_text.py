@@ -16,8 +16,7 @@ def embedding_cost(rng):
 
 
 @exercise("12.1", "embedding backward (scatter-add)", answer="MyEmbedding", seed=21, derived=True,
-          cost=embedding_cost, section="lesson 12, section 2 (embeddings and the backward of a lookup)",
-          reference="tinymlp/ops/embedding.py (Embedding.backward)",
+          cost=embedding_cost, reference="tinymlp/ops/embedding.py (Embedding.backward)",
           forbidden=("tinymlp.ops.embedding.Embedding",))
 def embedding_backward(cls, case):
     V, C = case.pick((6, 3), (7, 2))
@@ -48,8 +47,7 @@ def masked_mean_cost(rng):
 
 
 @exercise("12.2", "mean over the real tokens (masked pooling)", answer="MaskedMean", seed=22, derived=True,
-          cost=masked_mean_cost, section="lesson 12, section 1 (the mean over the real tokens)",
-          reference="tinymlp/models/text_gmlp.py (TextGMLP: the mean over the real tokens)")
+          cost=masked_mean_cost, reference="tinymlp/models/text_gmlp.py (TextGMLP: the mean over the real tokens)")
 def masked_mean_backward(cls, case):
     rng = case.rng
     mask = case.pick(np.array([[1, 1, 1, 0, 0, 0],                 # 3 real tokens of 6
@@ -136,7 +134,6 @@ def wordpiece_hint(got, want):
 
 
 @exercise("12.3", "WordPiece's greedy longest-match cut", answer="wordpiece",
-          section="lesson 12, section 1 (WordPiece's longest-match cut)",
           reference="tinymlp/data/tokenizer.py (Tokenizer._cut)",
           forbidden=("tinymlp.data.tokenizer.Tokenizer._cut", "tinymlp.data.tokenizer.Tokenizer.encode",
                      "tinymlp.data.tokenizer.Tokenizer.tokenize"))
