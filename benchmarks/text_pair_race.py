@@ -38,9 +38,9 @@ import numpy as np
 
 from tinymlp import F, nn
 from tinymlp.data import PairLookupTask, TokenLoader
-from tinymlp.models.text import TextGMLP
+from tinymlp.models.text_gmlp import TextGMLP
 from tinymlp.optim import AdamW, param_groups
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
 from tinymlp.train import fit
 
 RUNS = ("gmlp", "amlp", "amlp-frozen-w", "head", "head-gate", "head-ln", "head-gate-v-res", "head-gate-ln")

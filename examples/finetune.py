@@ -6,8 +6,9 @@
     python examples/finetune.py --resume auto --out runs/finetune_mixer_b16_224                  # continue
 
 The pretrained weights come from a .safetensors or .npz file in timm's layout (names such as
-stem.proj.weight) or in the official google-research/vision_transformer layout (names such as
-MixerBlock_0/token_mixing/Dense_0/kernel); the architecture and its sizes are read from the
+stem.proj.weight), in the official google-research/vision_transformer layout (names such as
+MixerBlock_0/token_mixing/Dense_0/kernel), or from a training checkpoint of these scripts
+(checkpoint.npz or best.npz of a run); the architecture and its sizes are read from the
 file (a ViT from timm also needs --heads, or its timm name in the file name). A pickled .pth or
 .bin is refused with the one-line command that converts it to .safetensors.
 
@@ -26,13 +27,15 @@ vision_transformer configs): SGD with momentum 0.9, no weight decay, gradient cl
 norm 1, a short linear warmup, then cosine decay. Their runs are 10,000 steps of batch 512
 (about 100 CIFAR epochs) at lr 0.03 (swept over 0.001-0.03); the defaults here are a shorter
 run at batch 128 and lr 0.01. Everything else (flags, outputs, checkpoints, --resume) is
-shared with the CIFAR training scripts: see examples/_common.py.
+shared with the CIFAR training scripts: see examples/image_recipe.py.
 """
 
 import sys
 from pathlib import Path
 
-from _common import UsageError, _model_class, main, make_parser
+from cli import UsageError, make_parser
+from image_recipe import main
+from run_files import model_class
 
 from tinymlp import checkpoint, interop, models
 
@@ -43,8 +46,9 @@ def build_parser():
     parser = make_parser(__doc__.splitlines()[0])
     g = parser.add_argument_group("pretrained model")
     g.add_argument("--pretrained", metavar="PATH", default=None,
-                   help="weights to start from: .safetensors or .npz, timm or official JAX layout "
-                        "(needed for a new run; a resumed run reads everything from its checkpoint)")
+                   help="weights to start from: .safetensors or .npz, timm or official JAX layout, or a "
+                        "tinymlp run's checkpoint.npz/best.npz (needed for a new run; a resumed run reads "
+                        "everything from its checkpoint)")
     g.add_argument("--heads", type=int, default=None,
                    help="attention heads of a ViT in timm's layout (not stored in its weights)")
     g.add_argument("--image-size", type=int, default=None, metavar="PIXELS",
@@ -85,8 +89,12 @@ class Pretrained:
         try:
             source = interop.weights_source(path)
             if args.resume is None or not _resumable(args):
-                self.model = interop.load_pretrained(path, heads=args.heads, num_classes=NUM_CLASSES.get(args.dataset))
-        except (interop.InteropError, ImportError) as err:
+                if source == "checkpoint":       # a run of these scripts: its model, as tinymlp.predict builds it
+                    self.model = _checkpoint_model(path)
+                else:
+                    self.model = interop.load_pretrained(path, heads=args.heads,
+                                                         num_classes=NUM_CLASSES.get(args.dataset))
+        except (interop.InteropError, ImportError, checkpoint.CheckpointError) as err:
             raise UsageError(f"--pretrained {path}: {str(err).removeprefix(f'{path}: ')}") from None
         if self.model is not None:
             size = self.model.config["image_size"]
@@ -123,15 +131,28 @@ class Pretrained:
 
 
 def _normalization_of(source):
-    # a tinymlp model trained on CIFAR (written with save_timm) saw the dataset's statistics; the
+    # a tinymlp model (a training checkpoint, or written with save_timm) saw its dataset's statistics; the
     # JAX Mixer and ViT, and timm's mixer_*.goog_*, gmlp_s16_224.ra3 and vit_*.augreg/orig, saw [-1, 1]
-    return "dataset" if source == "tinymlp" else "inception"
+    return "dataset" if source in ("tinymlp", "checkpoint") else "inception"
+
+
+def _checkpoint_model(path):
+    """The image model of a training checkpoint of these scripts (checkpoint.npz, best.npz)."""
+    from tinymlp.predict import load_model
+
+    model, meta = load_model(path)
+    if isinstance(model, models.TextGMLP):
+        raise UsageError(f"--pretrained {path}: a text model; fine-tune it with examples/train_text_gmlp.py "
+                         f"--pretrained {path} (a masked-LM checkpoint) or continue its run with --resume")
+    print(f"note: --pretrained {path} is a tinymlp training checkpoint ({type(model).__name__}, epoch "
+          f"{meta.get('epoch')} on {meta.get('dataset')}): its weights are the start, the head is new")
+    return model
 
 
 def _resume_file(args):
     if args.resume is None:
         return None
-    if args.resume == "auto":   # the folder _common.py resumes from
+    if args.resume == "auto":   # the folder image_recipe.run resumes from
         out = args.out or (Path("runs") / f"finetune_{Path(args.pretrained).stem}" if args.pretrained else None)
         path = Path(out) / "checkpoint.npz" if out else None
     else:
@@ -152,8 +173,8 @@ def _resumed_class(args):
     except Exception:
         return None              # the shared code reports an unreadable checkpoint
     try:
-        return _model_class(name) if name else None     # only a class of tinymlp.models, never another name
-    except UsageError:
+        return model_class(name) if name else None     # only a class of tinymlp.models, never another name
+    except checkpoint.CheckpointError:
         return None
 
 

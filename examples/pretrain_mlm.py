@@ -18,15 +18,17 @@ lines longer than --seq-len tokens are cut. Outputs and resume as the CIFAR exam
 checkpoint.npz, metrics.json, curves.png (accuracy there: of the hidden tokens), --resume auto.
 """
 
+import argparse
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
-from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
+from cli import UsageError
+from text_recipe import add_file_flags, csv_datasets, main, text_parser, tokenizer_for
 
 from tinymlp import data
-from tinymlp.data.text import FILLER
+from tinymlp.data.text_tasks import FILLER
 
 NOUNS = ("film", "actor", "story", "scene", "plot", "music", "ending", "director", "camera", "script")
 ADJECTIVES = ("good", "bad", "long", "short", "funny", "dull", "warm", "cold", "quiet", "loud")
@@ -52,9 +54,13 @@ def build_parser():
     p = text_parser(__doc__.splitlines()[0], ["text", "polarity", "sst2", "synthetic", "csv"], "text",
                     synthetic_size=4000, lr=1e-3, warmup=None, test_fraction=0.05)
     add_file_flags(p, labelled=False)
+    p.set_defaults(val_fraction=0.0)
     for action in p._actions:
         if action.dest == "test_fraction":
-            action.help = "this share of the lines (or rows), chosen by a fixed seed, is held out for the perplexity"
+            action.help = ("this share of the lines (or rows), chosen by a fixed seed, is held out for the perplexity "
+                           "(and picks best.npz, the epoch where it is lowest)")
+        elif action.dest == "val_fraction":
+            action.help = argparse.SUPPRESS           # the held-out lines (--test-fraction) are the validation
     g = [g for g in p._action_groups if g.title.startswith("model")][0]
     g.add_argument("--text", default=None, metavar="FILE", help="--dataset text: the UTF-8 text file to learn from")
     g.add_argument("--mask-prob", type=float, default=0.15, help="share of the real tokens hidden behind [MASK]")
@@ -82,6 +88,9 @@ def read_lines(args):
 def prepare(args, out, meta, preset, overrides):
     if not 0 < args.mask_prob < 1:
         raise UsageError(f"--mask-prob {args.mask_prob:g}: expected a value in (0, 1)")
+    if args.val_fraction:
+        raise UsageError(f"--val-fraction {args.val_fraction:g}: a masked-LM run holds --test-fraction of its lines out "
+                         "(the held-out perplexity, and best.npz); it has no other validation set")
     lines = read_lines(args)
     if len(lines) < 2:
         raise UsageError(f"--{args.dataset}: {len(lines)} non-empty line(s); masked-LM training needs at least 2")
@@ -97,7 +106,7 @@ def prepare(args, out, meta, preset, overrides):
     kwargs = dict(mask_prob=args.mask_prob, mask_id=tok.mask_id, device=args.device)
     train = data.MaskedLMLoader(tokens(train_lines), args.batch_size, shuffle=True, drop_last=True,
                                 rng=args.seed, **kwargs)
-    test = data.MaskedLMLoader(tokens(val_lines), 2 * args.batch_size, fixed=True, rng=1, **kwargs)
+    held_out = data.MaskedLMLoader(tokens(val_lines), 2 * args.batch_size, fixed=True, rng=1, **kwargs)
     overrides = {**overrides, "vocab_size": len(tok), "num_classes": 0, "lm_head": True, "seed": args.seed}
 
     def report(hist):
@@ -106,11 +115,15 @@ def prepare(args, out, meta, preset, overrides):
                 f"{math.exp(min(r['train_loss'], 50)):.2f}) | held-out perplexity {math.exp(min(r['val_loss'], 50)):.2f}, "
                 f"hidden tokens right {100 * r['val_acc']:.1f}% | lr {r['lr']:.2e} | {r['epoch_time']:.1f} s")
 
-    return dict(train=train, test=test, tokenizer=tok, preset=preset, overrides=overrides, report=report,
+    splits = {"train": f"{len(train_lines):,} lines",
+              "validation": f"{args.test_fraction:g} of the lines, held out by a fixed seed (--test-fraction): "
+                            f"{len(val_lines):,}", "test": None}
+    return dict(train=train, val=held_out, test=None, tokenizer=tok, preset=preset, overrides=overrides, report=report,
+                splits=splits,
                 describe=f"{args.dataset}: {len(train_lines):,} train / {len(val_lines):,} held-out lines",
                 done=lambda loss, acc: (f"done: held-out perplexity {math.exp(min(loss, 50)):.2f} (loss {loss:.4f}), "
                                         f"{100 * acc:.1f}% of the hidden tokens predicted"))
 
 
 if __name__ == "__main__":
-    sys.exit(run(build_parser(), prepare, lm=True))
+    sys.exit(main(build_parser(), prepare, lm=True))

@@ -7,7 +7,7 @@
 
 The models are the "gmlp_cifar" and "amlp_cifar" presets: 4 x 4 patches (S = 64 tokens),
 gMLP-Ti's widths (d_model 128, d_ffn 768) at depth 8, and for aMLP a single-head attention
-of width 64. The training recipe and where its defaults come from: examples/_common.py.
+of width 64. The training recipe and where its defaults come from: examples/image_recipe.py.
 Outputs go to --out (default runs/gmlp_cifar or runs/amlp_cifar, with a suffix for
 non-default variants): checkpoint.npz, metrics.json, curves.png and spatial_weights.png
 (each block's S x S spatial gating matrix, and the centre token's row on the patch grid).
@@ -15,7 +15,8 @@ non-default variants): checkpoint.npz, metrics.json, curves.png and spatial_weig
 
 import sys
 
-from _common import main, make_parser, model_args
+from cli import make_parser, model_args
+from image_recipe import main
 
 
 def build_parser():

@@ -6,14 +6,15 @@
 
 The model is the "mixer_cifar" preset: 4 x 4 patches (S = 64 tokens), C = 256 channels,
 token MLP D_S = 256, channel MLP D_C = 1024, 8 blocks (the course work's section 2.2).
-The training recipe and where its defaults come from: examples/_common.py. Outputs go to
+The training recipe and where its defaults come from: examples/image_recipe.py. Outputs go to
 --out (default runs/mixer_cifar): checkpoint.npz, metrics.json, curves.png and
 token_mixing.png (the first block's token-mixing weights on the patch grid).
 """
 
 import sys
 
-from _common import main, make_parser, model_args
+from cli import make_parser, model_args
+from image_recipe import main
 
 
 def build_parser():

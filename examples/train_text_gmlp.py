@@ -7,11 +7,12 @@
     python examples/train_text_gmlp.py --dataset csv --train-file reviews.csv --text-column text --label-column label
 
 The model is the "gmlp_text_split" preset (C = 128, 6 blocks, d_ffn = 768, S = 128 tokens, mean
-pooling over the real tokens; models/text.py); a WordPiece tokenizer is trained on the training
-sentences (--vocab-size pieces), stored in the checkpoint and saved as tokenizer.json beside it.
+pooling over the real tokens; tinymlp/models/text_gmlp.py); a WordPiece tokenizer is trained on
+the training sentences (--vocab-size pieces), stored in the checkpoint and saved as tokenizer.json
+beside it.
 ``--pretrained`` starts from a masked-LM checkpoint of examples/pretrain_mlm.py: its architecture,
 its tokenizer and its weights; the classification head is new. Outputs and resume as the CIFAR
-examples (examples/_common.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
+examples (examples/run_files.py): checkpoint.npz, metrics.json, curves.png, --resume auto.
 The polarity data has no official test split: 10% of each class, chosen by a fixed seed, is held out.
 Your own data: ``--dataset csv --train-file F [--test-file F]`` (CSV or TSV with a header line;
 ``--text-column``, ``--label-column``, ``--pair-column`` for sentence pairs); without a test file,
@@ -24,7 +25,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _text import UsageError, add_file_flags, csv_datasets, run, text_parser, tokenizer_for
+from cli import UsageError
+from text_recipe import add_file_flags, csv_datasets, held_out_validation, main, text_parser, tokenizer_for
 
 from tinymlp import checkpoint, data
 from tinymlp.checkpoint import CheckpointError
@@ -76,6 +78,8 @@ def load_pretrained(path):
 
 def prepare(args, out, meta, preset, overrides):
     train_set, test_set = datasets(args)
+    whole = len(train_set)
+    train_set, val_set = held_out_validation(args, train_set)
     pretrained = None
     if args.pretrained and meta is None:
         pretrained = load_pretrained(args.pretrained)
@@ -85,9 +89,11 @@ def prepare(args, out, meta, preset, overrides):
                         pretrained=args.pretrained if pretrained else None, meta=meta)
     seq_len = meta["model_config"]["seq_len"] if meta else overrides["seq_len"]
     train_ids, test_ids = train_set.encode(tok, seq_len), test_set.encode(tok, seq_len)
+    val_ids = val_set.encode(tok, seq_len) if val_set is not None else None
     train = data.TokenLoader(train_ids, args.batch_size, shuffle=True, drop_last=True,
                              rng=args.seed, device=args.device)
     test = data.TokenLoader(test_ids, 2 * args.batch_size, device=args.device)
+    val = data.TokenLoader(val_ids, 2 * args.batch_size, device=args.device) if val_ids is not None else None
     overrides = {**overrides, "vocab_size": len(tok), "num_classes": train_set.num_classes,
                  "pooling": args.pooling, "seed": args.seed}
 
@@ -102,14 +108,19 @@ def prepare(args, out, meta, preset, overrides):
             print(f"pretrained weights from {args.pretrained} (new: the classification head)")
 
     kind = "sentence pairs" if train_set.pairs is not None else "sentences"
-    cut = train_ids.truncated + test_ids.truncated
+    cut = train_ids.truncated + test_ids.truncated + (val_ids.truncated if val_ids is not None else 0)
     if cut:
         print(f"note: {cut:,} {kind} are longer than --seq-len {seq_len} tokens and were cut to fit")
-    return dict(train=train, test=test, tokenizer=tok, preset=preset, overrides=overrides, init=init,
-                classes=train_set.classes,
-                describe=f"{args.dataset}: {len(train_set):,} train / {len(test_set):,} test {kind}",
-                done=lambda loss, acc: f"done: test accuracy {100 * acc:.2f}%, test loss {loss:.4f}")
+    held = f" / {len(val_set):,} validation" if val_set is not None else ""
+    splits = {"train": f"the training {kind}: {len(train_set):,}",
+              "validation": (f"{args.val_fraction:g} of each class of the {whole:,} training {kind}, held out by a "
+                             f"fixed seed (--val-fraction {args.val_fraction:g}): {len(val_set):,}")
+              if val_set is not None else None,
+              "test": f"{test_set.name}: {len(test_set):,}"}
+    return dict(train=train, val=val, test=test, tokenizer=tok, preset=preset, overrides=overrides, init=init,
+                classes=train_set.classes, paired=train_set.pairs is not None, splits=splits,
+                describe=f"{args.dataset}: {len(train_set):,} train{held} / {len(test_set):,} test {kind}")
 
 
 if __name__ == "__main__":
-    sys.exit(run(build_parser(), prepare))
+    sys.exit(main(build_parser(), prepare))

@@ -1,18 +1,19 @@
-"""The course's checks and its grader, run from a checkout: ``python lessons/checks.py notebooks...``.
+"""The course's grader, run from a checkout: ``python lessons/checks.py notebooks...``.
 
-The checks live in the package, ``tinymlp/lessons/`` (``exercises.py`` holds the 27 of them),
-so that a notebook finds them wherever it is once tinymlp is installed (``pip install -e .``
-from the checkout)::
+The checks live in the package, ``tinymlp/lessons/checks/`` (one file per lesson), so that a
+notebook finds them wherever it is once tinymlp is installed (``pip install -e .`` from the
+checkout)::
 
     from tinymlp.lessons import check
     check("04.1", MyLayerNorm)
 
 This file runs the grader (``tinymlp/lessons/grader.py``; ``python -m tinymlp.lessons`` is the
-same command) and, for notebooks that still say ``from checks import check``, is that module::
+same command)::
 
     python lessons/checks.py submissions/*/04_layernorm.ipynb                 # a table
     python lessons/checks.py --json submissions/*/*.ipynb > grades.json       # or --csv
     python lessons/checks.py --gradescope -o results/ submissions/*/*.ipynb   # one results.json each
+    python lessons/checks.py --roster roster.csv submissions/*/*.ipynb        # students by folder
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Exercises. An answer in a code cell sits between two marker lines,
     dx = r * (g - g.mean(axis=-1, keepdims=True) - ...)
     # END SOLUTION
 
-and the exercise id (lesson.number) names its check in ``lessons/checks.py``. Two builds are
+and the exercise id (lesson.number) names its check in ``tinymlp/lessons/checks/``. Two builds are
 written from every source: the *worked* notebook ``lessons/NN_name.ipynb`` keeps the answers
 (without the marker lines), the *student* notebook ``lessons/exercises/NN_name.ipynb`` replaces
 each answer by a stub at the marker's indentation: ``raise NotImplementedError("exercise 04.2")``,
@@ -32,8 +32,15 @@ the notebook). Markdown cells may hide a worked result the same way (marker line
 ``# BEGIN SOLUTION 05.3`` / ``# END SOLUTION`` in the markdown comments); the student build
 shows an invitation to derive it instead.
 
-    python lessons/make_lessons.py            # (re)write every notebook that has a source
-    python lessons/make_lessons.py --check    # exit 1 if a notebook (either build) differs from its source
+Where each exercise is taught. A failing check ends with a ``see:`` line naming the section of
+the lesson that teaches the exercise: the headings of the notebook above the exercise's first
+answer (its ``## N. Title`` and, when the answer sits in a subsection, the ``### Subsection``).
+They are read from the sources and written to ``tinymlp/lessons/sections.py`` (the checks are
+part of the installed package, which never reads ``lessons/``), so a moved or renamed section
+moves its pointers with it.
+
+    python lessons/make_lessons.py            # (re)write every notebook that has a source, and sections.py
+    python lessons/make_lessons.py --check    # exit 1 if a notebook (either build) or sections.py is out of date
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository root
 SOURCES = ROOT / "lessons" / "src"
 LESSONS = ROOT / "lessons"
 EXERCISES = LESSONS / "exercises"
+SECTIONS_FILE = ROOT / "tinymlp" / "lessons" / "sections.py"
 
 BEGIN = re.compile(r"^(?P<indent>\s*)(?:# )?BEGIN SOLUTION (?P<id>\d\d\.\d+)\s*(?:\|\s*(?P<stub>.*\S))?\s*$")
 END = re.compile(r"^\s*(?:# )?END SOLUTION\s*$")
+HEADING = re.compile(r"^(?P<level>#{1,6})\s+(?P<text>\S.*?)\s*$")
 
 METADATA = {
     "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
@@ -120,6 +129,42 @@ def exercise_ids(source_path: pathlib.Path) -> list[str]:
     return [m.group("id") for m in map(BEGIN.match, source_path.read_text().splitlines()) if m]
 
 
+def sections(source_path: pathlib.Path) -> dict[str, tuple[str, ...]]:
+    """{exercise id: the headings above its first answer}: the level-2 heading (``1. Softmax``)
+    and, when a level-3 heading follows it before the answer, that one too, as the notebook shows them."""
+    found, open_headings = {}, {}
+    for kind, source in parse(source_path.read_text()):
+        for line in source.split("\n"):
+            heading = HEADING.match(line) if kind == "markdown" else None
+            if heading:
+                level = len(heading.group("level"))
+                open_headings = {k: v for k, v in open_headings.items() if k < level}
+                open_headings[level] = heading.group("text")
+                continue
+            begin = BEGIN.match(line)
+            if begin and begin.group("id") not in found:
+                found[begin.group("id")] = tuple(open_headings[k] for k in sorted(open_headings) if k >= 2)
+    return found
+
+
+def render_sections(sources) -> str:
+    """The text of ``tinymlp/lessons/sections.py`` for the given lesson sources."""
+    entries = {}
+    for src in sources:
+        entries.update(sections(src))
+    lines = ['"""Where the lessons teach each exercise: the headings of its notebook above the exercise\'s answer',
+             "(the section, and the subsection when there is one), for the ``see:`` line of a failing check.",
+             "",
+             "Written by lessons/make_lessons.py from lessons/src/: rebuild it there, do not edit it here.",
+             '"""',
+             "",
+             "SECTIONS = {"]
+    for ex_id in sorted(entries):
+        lines.append(f"    {ex_id!r}: {entries[ex_id]!r},")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def build(source_path: pathlib.Path, student: bool = False) -> nbformat.NotebookNode:
     """The notebook (no outputs, stable ids) for one lesson source file, worked or student."""
     stem = source_path.stem
@@ -151,7 +196,15 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     args = parser.parse_args(argv)
     stale = []
-    for src in sorted(SOURCES.glob("*.py")):
+    sources = sorted(SOURCES.glob("*.py"))
+    text = render_sections(sources)
+    if not SECTIONS_FILE.exists() or SECTIONS_FILE.read_text() != text:
+        if args.check:
+            stale.append(SECTIONS_FILE)
+        else:
+            SECTIONS_FILE.write_text(text)
+            print(f"wrote {SECTIONS_FILE.relative_to(ROOT)}")
+    for src in sources:
         for student in (False, True):
             text, target = render(build(src, student)), target_of(src, student)
             if args.check:

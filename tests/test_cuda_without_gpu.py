@@ -661,7 +661,7 @@ def test_constants_are_uploaded_once_per_device(gpu):
 
 
 def test_a_masked_lm_step_takes_the_mask_positions_from_the_loader(gpu):
-    from tinymlp.data.text import MaskedLMLoader, TokenDataset
+    from tinymlp.data.text_loader import MaskedLMLoader, TokenDataset
     from tinymlp.models import TextGMLP
     ids = np.random.default_rng(0).integers(5, 40, size=(8, 12))
     ids[:, -3:] = 0                                                    # padding
@@ -682,7 +682,7 @@ def test_a_masked_lm_step_takes_the_mask_positions_from_the_loader(gpu):
 @pytest.mark.parametrize("device", ["cpu", "cuda"], ids=["on-cpu", "on-standin"])
 def test_loaders_refuse_out_of_range_labels_and_token_ids_on_the_host(gpu, device):
     from tinymlp.data import DataLoader, ImageDataset
-    from tinymlp.data.text import MaskedLMLoader, TokenDataset, TokenLoader
+    from tinymlp.data.text_loader import MaskedLMLoader, TokenDataset, TokenLoader
     images = np.zeros((6, 3, 4, 4), dtype=np.uint8)
     data = ImageDataset(images, np.array([0, 1, 2, 1, 3, 0]), ("a", "b", "c"))
     with pytest.raises(ValueError, match=r"DataLoader: label 3 in dataset row 4 must be in \[0, 3\); the dataset has 3 classes"):

@@ -13,14 +13,13 @@ in-process so that the interruption can come at a chosen moment (after epoch 1's
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tinymlp
 from tinymlp.checkpoint import read_meta
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
 from test_examples import GMLP, MIXER, ROOT, SMOKE, TINY, assert_clean_failure, assert_ok, run
 from test_examples_text import CLS, MLM
 from test_examples_text import TINY as TEXT
@@ -124,10 +123,17 @@ def test_data_options_are_kept_and_compared_on_resume(tmp_path):
     refused = run(MIXER, *other, "--epochs", "2", "--resume", "auto", "--out", out, cwd=tmp_path)
     assert_clean_failure(refused)
     assert "trained with --synthetic-size 200; a resumed run keeps its data" in refused.stderr
-    smoke = [a for a in SMOKE if a not in ("--synthetic-size", "200")]   # left out: the checkpoint's
-    resumed = run(MIXER, *smoke, "--epochs", "2", "--resume", "auto", "--out", out, cwd=tmp_path)
+    # nothing restated (not even --dataset): every data and pipeline option is the checkpoint's
+    resumed = run(MIXER, "--epochs", "2", "--no-progress", "--resume", "auto", "--out", out, cwd=tmp_path)
     assert_ok(resumed)
-    assert "synthetic: 200 train / 40 test images" in resumed.stdout
+    assert "synthetic: 180 train / 20 validation / 40 test images" in resumed.stdout
+    assert "steps of 16," in resumed.stdout                              # --batch-size kept
+    again = run(MIXER, *SMOKE, "--epochs", "3", "--resume", "auto", "--out", out, cwd=tmp_path)   # restated, the same
+    assert_ok(again)
+    other = [a if a != "16" else "8" for a in SMOKE]                     # --batch-size 8: another value
+    refused = run(MIXER, *other, "--epochs", "4", "--resume", "auto", "--out", out, cwd=tmp_path)
+    assert_clean_failure(refused)
+    assert "trained with --batch-size 16; a resumed run keeps its data" in refused.stderr
 
 
 @pytest.mark.parametrize("script,other,written_by", [
@@ -196,9 +202,59 @@ def test_progress_is_on_in_a_notebook(monkeypatch):
 @pytest.mark.parametrize("name", ["create", "config", "__builtins__", "os", 3])
 def test_a_model_class_named_by_a_checkpoint_is_only_a_tinymlp_model(monkeypatch, name):
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    import _common
+    import run_files
 
-    with pytest.raises(_common.UsageError, match="not one of tinymlp.models"):
-        _common._architecture({"preset": "finetune_x", "model_class": name, "model_config": {}})
-    assert _common._architecture({"preset": "finetune_x", "model_class": "ViT", "model_config": {}})[0] \
+    with pytest.raises(tinymlp.checkpoint.CheckpointError, match="not one of tinymlp.models"):
+        run_files.architecture({"preset": "finetune_x", "model_class": name, "model_config": {}})
+    assert run_files.architecture({"preset": "finetune_x", "model_class": "ViT", "model_config": {}})[0] \
         is tinymlp.models.ViT
+
+
+# ---------------------------------------------------------------------- the memory this process may use
+def test_the_memory_check_counts_the_process_limit(tmp_path):
+    import os
+    import resource
+    import subprocess
+
+    limit = 1400 * 2**20
+    if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") < 4 * 2**30:
+        pytest.skip("the machine itself has less memory than the run asks for")
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "TINYMLP_DATA": str(tmp_path / "no-data-here")}
+    result = subprocess.run([sys.executable, str(MIXER), *SMOKE, "--dim", "512", "--channel-mlp-dim", "2048",
+                             "--depth", "8", "--batch-size", "64", "--epochs", "1", "--out", tmp_path / "run"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=capped)
+    assert_clean_failure(result)
+    assert "allowed by this process's memory limit (ulimit -v)" in result.stderr and "1.4 GiB" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_containers_cgroup_limit_is_read(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import cli
+
+    (tmp_path / "proc").write_text("0::/user.slice/run-1.scope\n")
+    group = tmp_path / "sys" / "user.slice" / "run-1.scope"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text("2147483648\n")
+    assert cli.cgroup_memory_limit(tmp_path / "sys", tmp_path / "proc") == 2**31
+    (group / "memory.max").write_text("max\n")
+    assert cli.cgroup_memory_limit(tmp_path / "sys", tmp_path / "proc") is None
+    (tmp_path / "proc").write_text("4:memory:/docker/abc\n")                           # cgroup v1
+    v1 = tmp_path / "sys" / "memory" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("1073741824\n")
+    assert cli.cgroup_memory_limit(tmp_path / "sys", tmp_path / "proc") == 2**30
+    monkeypatch.setattr(cli, "cgroup_memory_limit", lambda: 2**20)
+    assert cli.memory_limit("cpu") == (2**20, "allowed by this container's memory limit (cgroup)")
+
+
+def test_a_text_model_too_big_is_refused_before_its_data_is_read(tmp_path):
+    result = run(CLS, "--dataset", "csv", "--train-file", tmp_path / "missing.csv", "--dim", "10000000",
+                 "--epochs", "1", "--out", tmp_path / "run", cwd=tmp_path)
+    assert_clean_failure(result)
+    assert "--dim 10000000: training TextGMLP with" in result.stderr and "missing.csv" not in result.stderr

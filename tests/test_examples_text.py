@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tinymlp.checkpoint import read_meta
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 MLM = ROOT / "examples" / "pretrain_mlm.py"

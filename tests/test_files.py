@@ -14,7 +14,7 @@ import pytest
 
 from tinymlp import files
 from tinymlp.files import atomic_write
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
 
 
 def write_text(text):

@@ -398,7 +398,7 @@ def test_too_few_gradients_reports_both_counts():
 
 def test_too_few_gradients_counted_by_the_engine_is_reported():
     """When the engine itself counts (GradientMismatchError kind "count"), the report says so."""
-    from tinymlp._gradcheck.diagnose import explain_engine_error
+    from tinymlp.gradcheck.diagnose import explain_engine_error
     from tinymlp.gradcheck import TensorResult
 
     result = TensorResult("w", "input", (2, 3), "float64")
@@ -416,7 +416,7 @@ def test_help_of_gradcheck_explains_reading_a_report():
     assert "Reading a report" in doc
     for part in ("pattern", "likely", "from", "trust", "reproduce:"):
         assert part in doc
-    assert "tinymlp/_gradcheck" not in doc  # the function's docstring is about use, not layout
+    assert "diagnose.py" not in doc and "tinymlp/gradcheck/" not in doc  # about use, not layout
     assert "summary()" in doc
     assert GradcheckReport.summary.__doc__ and "reproduce:" in GradcheckReport.summary.__doc__
 
@@ -441,6 +441,7 @@ def test_gradcheck_is_both_the_function_and_the_module():
 
     module = importlib.import_module("tinymlp.gradcheck")
     assert module.gradcheck is tinymlp.gradcheck and callable(tinymlp.gradcheck)
+    assert importlib.import_module("tinymlp.gradcheck.method").gradcheck is tinymlp.gradcheck  # the file to read
     assert module.GradcheckError is GradcheckError is tinymlp.GradcheckError
     assert module.numerical_grad is tinymlp.numerical_grad
     with pytest.raises(GradcheckError):

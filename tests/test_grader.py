@@ -6,10 +6,12 @@ student, a wrong one and one who cheats. Then every trick found so far is plante
 notebook of its own and must grade as FAILED with the reason: a fake ``passed`` line, the
 checker patched from the notebook, a backward that returns a finite difference or calls the
 library's op (with autograd, or numerically through gradcheck), the library's class handed in
-as the answer, the checker patched from the answer's own code, an answer that only fits the
-public case, one that exits or loops, one that reaches into the interpreter, and an object that
-compares equal to anything. Outputs: the table, CSV, JSON and Gradescope's results.json
-(validated against the schema of Gradescope's documented format).
+as the answer, the checker patched from the answer's own code (it is not in the answer's
+process: only the answer's own numbers count), an answer that only fits the public case, one
+that exits or loops, one that reaches into the interpreter, and an object that compares equal to
+anything. Outputs: the table, CSV, JSON and Gradescope's results.json (validated against the
+schema of Gradescope's documented format). ``test_lessons_cheats.py`` holds the cheats of a
+determined student with the repository in hand.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ CHECKS = ROOT / "lessons" / "checks.py"
 nbformat = pytest.importorskip("nbformat")
 from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
 
-from tinymlp.lessons import grader  # noqa: E402
+from tinymlp.lessons import grader, reports  # noqa: E402
 
 SEED = 12345
 
@@ -160,8 +162,8 @@ def test_the_table_and_csv_name_the_students(lesson4_class, env):
     table = grade_cli("--no-execute", *notebooks)
     lines = table.stdout.splitlines()
     assert re.match(r"student\s+exercise\s+title\s+result\s+reason", lines[0])
-    assert any(re.match(r"bob\s+04\.1\s+LayerNorm backward\s+FAILED\s+a term like", line) for line in lines)
-    assert any(re.match(r"alice\s+04\.2\s+LayerNorm Jacobian\s+passed\s*$", line) for line in lines)
+    assert any(re.match(r"bob\s+04\.1\s+LayerNorm backward\s+FAILED[*!]*\s+a term like", line) for line in lines)
+    assert any(re.match(r"alice\s+04\.2\s+LayerNorm Jacobian\s+passed[*!]*\s*$", line) for line in lines)
     assert "2 of 6 exercises passed (3 students)" in table.stdout
     assert f"--seed {SEED} repeats this grading" in table.stdout
     rows = list(csv.DictReader(io.StringIO(grade_cli("--csv", "--no-execute", *notebooks).stdout)))
@@ -171,16 +173,19 @@ def test_the_table_and_csv_name_the_students(lesson4_class, env):
     assert rows[2]["reason"].startswith("a term like g.mean(axis=")
 
 
-def test_the_student_is_the_folder_or_the_name_in_the_metadata(tmp_path):
+def test_the_student_is_the_folder_or_a_safe_unique_name_in_the_metadata(tmp_path):
+    from tinymlp.lessons.identity import assign
     from tinymlp.lessons.notebook import Notebook
 
-    nb = new_notebook(cells=[new_code_cell("x = 1")])
-    assert Notebook(submit(tmp_path, "bob", "04_layernorm.ipynb", nb)).student == "bob"
-    nb.metadata["student"] = "Judy Example"
-    assert Notebook(submit(tmp_path, "upload-17", "04_layernorm.ipynb", nb)).student == "Judy Example"
-    nb.metadata = {"tinymlp": {"student": "Ken", "lesson": "07"}}
-    path = submit(tmp_path, "upload-18", "homework.ipynb", nb)
-    assert Notebook(path).student == "Ken" and Notebook(path).lesson == "07"
+    def sub(folder, name, metadata=None):
+        nb = new_notebook(cells=[new_code_cell("x = 1")], metadata=metadata or {})
+        path = submit(tmp_path, folder, name, nb)
+        return path, Notebook(path)
+
+    subs = assign([sub("bob", "04_layernorm.ipynb"), sub("upload-17", "04_layernorm.ipynb", {"student": "Judy Example"}),
+                   sub("upload-18", "homework.ipynb", {"tinymlp": {"student": "Ken", "lesson": "07"}})])
+    assert [(s.student, s.lesson) for s in subs] == [("bob", "04"), ("Judy Example", "04"), ("Ken", None)]
+    assert not any(s.notes or s.refused for s in subs)
 
 
 # ------------------------------------------------------------------------------ Gradescope
@@ -306,7 +311,7 @@ for i in np.ndindex(x.shape):
 xt = tinymlp.tensor(x, requires_grad=True, dtype=x.dtype)
 F.layer_norm(xt, tinymlp.tensor(gamma), tinymlp.tensor(beta)).backward(tinymlp.tensor(grad))
 dx = xt.grad
-"""), "calls tinymlp.ops.norm.LayerNorm"),
+"""), "backward calls a tinymlp op"),
     # primitives, differentiated by the engine
     "primitives with autograd": ("04.1", ln_with("""
 xt = tinymlp.tensor(x, requires_grad=True, dtype=x.dtype)
@@ -330,7 +335,7 @@ def composed(cls, x, gamma, beta):
     centred = x - x.mean(axis=-1, keepdims=True)
     return gamma * centred / ((centred ** 2).mean(axis=-1, keepdims=True) + 1e-5).sqrt() + beta
 MyLayerNorm.apply = classmethod(composed)
-""", "lets the engine differentiate it"),
+""", "the grader runs forward and backward through the engine's apply"),
     # the refusal caught, and the library used another way
     "a refusal caught": ("04.1", ln_with("""
 try:
@@ -340,18 +345,20 @@ except Exception:
     dx = r * (grad * gamma)
 """), "calls tinymlp.ops.norm.normalize_backward"),
     # the checker patched from the answer's own code
+    # the checker patched from the answer's own code: it is not in the answer's process, so only
+    # the answer's own numbers (here, a zero gradient) are graded
     "the checker patched": ("04.1", ln_with("""
 import tinymlp.lessons
 tinymlp.lessons.EXERCISES["04.2"] = tinymlp.lessons.EXERCISES["06.1"]
 dx = 0 * x
-"""), "changed the checker"),
+"""), "the checks' own references"),
     "numpy patched": ("04.1", ln_with("""
 np.allclose = lambda *args, **kwargs: True
 dx = 0 * x
-"""), "changed the checker"),
+"""), "no gradient reached 'x'"),
     "numpy patched at the top of the notebook": ("04.1", ln_with("dx = 0 * x") + """
 np.allclose = lambda *args, **kwargs: True
-""", "changed the checker"),
+""", "no gradient reached 'x'"),
     # an answer that only fits the public case (the public seed's shapes hard-coded)
     "the public case hard-coded": ("06.1", """
 from tinymlp.lessons import check
@@ -411,12 +418,12 @@ def toeplitz(w, S):
 def topological_order(root):
     root.parents = ()
     return [root]
-""", "changed the graph"),
+""", "the order must hold every node the root depends on"),
     # the engine's apply replaced, so that the library's op runs outside the answer
     "apply overridden": ("04.1", ln_with("dx = None") + """
 from tinymlp.ops.norm import LayerNorm
 MyLayerNorm.apply = classmethod(lambda cls, *args, **kwargs: LayerNorm.apply(*args, **kwargs))
-""", "calls tinymlp.ops.norm.LayerNorm"),
+""", "the grader runs forward and backward through the engine's apply"),
     "the fast tier's kernels": ("04.1", ln_with("""
 import tinymlp.fast.norm
 dx = tinymlp.fast.norm.FastLayerNorm.backward(ctx, grad)[0]
@@ -425,6 +432,19 @@ dx = tinymlp.fast.norm.FastLayerNorm.backward(ctx, grad)[0]
 def mixer_block_parameters(S, C, D_S, D_C):
     return eval("2 * (2 * C)")
 """, "uses eval"),
+    # a name built at run time, the built-ins reached by name, a module reached through tinymlp's own
+    "a name built at run time": ("04.1", ln_with("""
+getattr(tinymlp.autograd.threading, "set" + "trace")(None)
+dx = 0 * x
+"""), "attribute name built at run time"),
+    "__builtins__": ("06.1", """
+def mixer_block_parameters(S, C, D_S, D_C):
+    return __builtins__["ev" + "al"]("2 * (2 * C)")
+""", "uses __builtins__"),
+    "a module reached through tinymlp's": ("04.1", ln_with("""
+tinymlp.lessons.guard.sys.settrace(None)
+dx = 0 * x
+"""), "uses .settrace"),
 }
 
 
@@ -444,6 +464,124 @@ def test_every_trick_found_so_far_fails_with_its_reason(name, tmp_path, env):
     assert result["status"] == "FAILED", (name, result)
     assert reason in result["details"], (name, result["details"])
     assert result["reason"], name
+
+
+GELU_HALF_LOST = """
+import math
+import numpy as np
+from tinymlp import Function
+
+C0, C1 = math.sqrt(2 / math.pi), 0.044715
+
+
+class MyGELU(Function):
+    @staticmethod
+    def forward(ctx, x):
+        t = np.tanh(C0 * (x + C1 * x * x * x))
+        ctx.save_for_backward(x, t)
+        return 0.5 * x * (1 + t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, t = ctx.saved_tensors
+        return grad * (0.5 * (1 + t) + x * (1 - t * t) * C0 * (1 + 3 * C1 * x * x))   # the 1/2 of (1 - t^2)/2 lost
+"""
+SOFTPLUS_TERM_MISSING = """
+import numpy as np
+import tinymlp
+from tinymlp import Function
+
+
+class SoftplusBeta(Function):                        # y = log(1 + exp(beta x)) / beta, beta per channel
+    @staticmethod
+    def forward(ctx, x, beta):
+        sp = np.logaddexp(0, beta * x)
+        ctx.save_for_backward(x, beta, sp)
+        return sp / beta
+
+    @staticmethod
+    def backward(ctx, g):
+        x, beta, sp = ctx.saved_tensors
+        s = 1 / (1 + np.exp(-beta * x))
+        return g * s, (g * x * s / beta).reshape(-1, x.shape[-1]).sum(0)   # the term - sp / beta**2 missing
+
+
+def my_layer(x, beta):
+    return SoftplusBeta.apply(x, beta)
+
+
+rng = np.random.default_rng(3)
+layer_inputs = (tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True, dtype="float64"),
+                tinymlp.tensor(rng.uniform(0.5, 2.0, 5), requires_grad=True, dtype="float64"))
+"""
+PRELU_SLOPE_UNCHECKED = """
+import numpy as np
+import tinymlp
+from tinymlp import Function
+
+
+class PReLU(Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.save_for_backward(x, alpha)
+        return np.where(x > 0, x, alpha * x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, alpha = ctx.saved_tensors
+        return np.where(x > 0, g, alpha * g), 3 * (g * np.minimum(x, 0)).sum(0)   # wrong, and never checked
+
+
+def my_layer(x, alpha):
+    return PReLU.apply(x, alpha)
+
+
+rng = np.random.default_rng(0)
+layer_inputs = (tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True),
+                tinymlp.tensor(rng.uniform(0.1, 0.4, 5)))          # the slope: requires_grad forgotten
+"""
+# a student's slip -> the words the grader's reason (the one-line summary) must use, and must not
+MISTAKES = {
+    "GELU: a factor 1/2 lost in one term": ("03.2", "MyGELU", GELU_HALF_LOST,
+                                            "the term x (1 - t^2)/2 c0 (1 + 3 c1 x^2) of dy/dx is twice", "FAILED:"),
+    "Toeplitz: the transpose": ("07.2", "toeplitz", """
+import numpy as np
+def toeplitz(w, S):
+    i, j = np.indices((S, S))
+    return w[j - i + S - 1]
+""", "exactly the transpose of the expected", "largest difference"),
+    "Toeplitz backward: the diagonals reversed": ("07.3", "toeplitz_backward", """
+import numpy as np
+def toeplitz_backward(dW):
+    S = dW.shape[0]
+    return np.array([np.trace(dW, offset=k) for k in range(-(S - 1), S)])
+""", "exactly the expected reversed", "largest difference"),
+    "rotation: the sign of sin": ("05.4", "rotation", """
+import numpy as np
+def rotation(phi, omega):
+    M = np.zeros((2 * len(omega), 2 * len(omega)))
+    for i, w in enumerate(omega):
+        c, s = np.cos(w * phi), np.sin(w * phi)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, -s], [s, c]]
+    return M
+""", "a shift backwards", "largest difference"),
+    "own layer: a missing term": ("10.3", "(my_layer, layer_inputs)", SOFTPLUS_TERM_MISSING,
+                                  "missing from backward or has the wrong sign", "the main term"),
+    "own layer: a parameter without requires_grad": ("10.3", "(my_layer, layer_inputs)", PRELU_SLOPE_UNCHECKED,
+                                                    "input 'alpha' (5,): a float tensor without requires_grad=True",
+                                                    "passed"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path, env):
+    ex_id, answer, source, said, unsaid = MISTAKES[name]
+    nb = new_notebook(cells=[new_code_cell(source), new_code_cell(f'check("{ex_id}", {answer})')])
+    path = submit(tmp_path, "erin", f"{ex_id[:2]}_mistake.ipynb", nb)
+    result = grader.grade_exercise(path, "erin/mistake.ipynb", ex_id, [None, SEED], timeout=60)
+    assert result["status"] == "FAILED", (name, result)
+    assert said in result["reason"], (name, result["reason"])
+    assert unsaid not in result["reason"], (name, result["reason"])
 
 
 def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, env):
@@ -479,7 +617,7 @@ def test_what_the_notebook_prints_or_patches_in_its_kernel_changes_no_grade(tmp_
     graded = grader.grade_notebook(path, SEED)
     status = {r.exercise: (r.status, r.notebook_said) for r in graded.rows}
     assert status == {"06.1": ("FAILED", "passed"), "06.2": ("not done", ""), "06.3": ("not done", "passed")}
-    assert "* the notebook's own output says passed" in grader.table([graded])
+    assert "* the notebook's own output says passed" in reports.table([graded])
     assert not graded.passed
 
 
@@ -521,7 +659,7 @@ def test_a_reproduce_line_runs_in_a_notebook_that_never_imported_tinymlp(capsys)
     assert "tinymlp" not in namespace
     printed = re.search(r"^\s*reproduce: (.*)$", capsys.readouterr().out, flags=re.M).group(1)
     with pytest.raises(GradcheckError) as err:
-        exec(printed, namespace)  # noqa: S102: pasted into the notebook
+        exec(printed, namespace)  # noqa: S102 (pasted into the notebook)
     assert err.value.report.per_tensor["x"].hint_kind == "row_constant"
 
 
@@ -555,11 +693,13 @@ def test_an_error_inside_backward_in_the_notebook_names_its_cell(tmp_path, env):
 
 def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
     from tinymlp.lessons import EXERCISES
+    from tinymlp.lessons.guard import Guard
 
     for ex in EXERCISES.values():
-        assert ex.section.startswith(f"lesson {int(ex.lesson)}, section"), ex.id
+        assert ex.section.startswith(f'lesson {int(ex.lesson)}, section "'), ex.id   # a heading: see test_lessons.py
         path = ex.reference.split(" ")[0]
         assert (ROOT / path).is_file(), (ex.id, path)
+        assert len(Guard(ex).forbidden) >= len(ex.forbidden), ex.id   # every forbidden name still resolves
 
 
 # ------------------------------------------------------------------------------ outside the repository

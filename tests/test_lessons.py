@@ -42,7 +42,7 @@ def _ids(paths):
 
 
 def _load(name, path):
-    """Import a file of lessons/ as a module (once; checks.py registers itself as ``checks``)."""
+    """Import a file of lessons/ as a module (once)."""
     known = sys.modules.get(name)
     if known is not None and pathlib.Path(getattr(known, "__file__", "")).resolve() == path.resolve():
         return known
@@ -110,6 +110,14 @@ def test_worked_lesson_runs_and_every_exercise_passes(path, kernel_env, checks):
     assert not bad, f"{path.name}: exercises that do not pass in the answer key: {bad}"
     assert [r.exercise for r in graded.rows] == sorted(k for k in checks.EXERCISES if k.startswith(path.name[:2] + "."))
     assert all(graded_said == "passed" for graded_said in (r.notebook_said for r in graded.rows))
+    _no_stray_values(path.name, graded.notebook)
+
+
+def _no_stray_values(name, nb):
+    """A cell that calls check prints its line and shows no value under it (no bare True/False)."""
+    stray = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and "check(" in cell.source
+             and any(o.get("output_type") == "execute_result" for o in cell.get("outputs", []))]
+    assert not stray, f"{name}: check cells {stray} display a value under their printed line"
 
 
 @pytest.mark.lessons
@@ -128,6 +136,101 @@ def test_untouched_student_notebook_runs_to_the_end(path, kernel_env, checks):
             if "(skipped until exercise" not in printed:
                 silent.append(i)
     assert not silent, f"exercises/{path.name}: cells {silent} wait for an answer and say nothing"
+    _no_stray_values(f"exercises/{path.name}", graded.notebook)
+
+
+# ------------------------------------------------------------------------------ what a lesson prints
+REPORT_HEAD = re.compile(r"^\s*tinymlp\.gradcheck (?P<status>passed|FAILED|INCONCLUSIVE): (?P<title>\S+)")
+REPORT_ROW = re.compile(r"^\s+(?:input|param\w*|buffer) \S+\s+\(")
+REPRODUCE = re.compile(r"^\s*reproduce: (?P<line>.+)$")
+# the lessons that run gradcheck in their demonstrations (the others print no report)
+REPORTING = [p for p in NOTEBOOKS if "gradcheck(" in (LESSONS / "src" / f"{p.stem}.py").read_text()]
+
+
+def _printed(cell):
+    return _clean("".join(_text_of(o) for o in cell.get("outputs", [])))
+
+
+def _text_of(output):
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if output.get("output_type") in ("execute_result", "display_data"):
+        return output.get("data", {}).get("text/plain", "")
+    if output.get("output_type") == "error":
+        return f"{output.get('ename')}: {output.get('evalue')}\n"
+    return ""
+
+
+def _reports(text):
+    """(status, title, table rows, reproduce line) of every report in ``text`` with a reproduce line."""
+    head, rows = None, []
+    for line in text.splitlines():
+        if REPORT_HEAD.match(line):
+            head, rows = REPORT_HEAD.match(line), []
+        elif head is not None and REPORT_ROW.match(line):
+            rows.append(line.strip())
+        elif REPRODUCE.match(line) and head is not None:
+            yield head.group("status"), head.group("title"), rows, REPRODUCE.match(line).group("line")
+            head = None
+
+
+def _pasted(line):
+    """A cell that runs the reproduce line as pasted, and prints the report it gives."""
+    import ast
+    import textwrap
+
+    *before, last = ast.parse(line).body
+    assert isinstance(last, ast.Expr), line
+    body = before + [ast.Assign(targets=[ast.Name("_pasted", ast.Store())], value=last.value)]
+    code = ast.unparse(ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])))
+    return ("try:\n" + textwrap.indent(code, "    ") + "\n"
+            "except __import__('tinymlp').GradcheckError as _error:   # a failing check raises: its report\n"
+            "    _pasted = _error.report\n"
+            "print(_pasted)")
+
+
+def test_a_report_and_its_reproduce_line_are_read_from_a_cell():
+    text = ("tinymlp.gradcheck FAILED: bad  [mode=full\n\n  tensor  shape\n  input x  (2,3)  6  6  FAIL\n"
+            "  param weight  (3,)  3  0  ok\nreproduce: tinymlp.gradcheck(bad, (x,), seed=0)   # x: (2,3) float64\n"
+            "tinymlp.gradcheck passed: good  [mode=full\n")
+    assert list(_reports(text)) == [("FAILED", "bad", ["input x  (2,3)  6  6  FAIL", "param weight  (3,)  3  0  ok"],
+                                     "tinymlp.gradcheck(bad, (x,), seed=0)   # x: (2,3) float64")]
+    cell = _pasted("import tinymlp.lessons; tinymlp.gradcheck(*tinymlp.lessons.case('03.2', MyGELU))")
+    assert cell.startswith("try:\n    import tinymlp.lessons\n    _pasted = tinymlp.gradcheck(")
+    assert cell.endswith("print(_pasted)")
+
+
+@pytest.mark.lessons
+@pytest.mark.parametrize("path", REPORTING, ids=_ids(REPORTING))
+def test_every_reproduce_line_a_lesson_prints_runs_when_pasted_there(path, kernel_env):
+    """Run the lesson cell by cell; after a cell that prints a report, paste its reproduce line
+    into the next cell: it must run there (no NameError, no other tensor of the same name) and
+    give the same report: the same verdict, the same function, the same table."""
+    import nbclient
+    import nbformat
+    from nbformat.v4 import new_code_cell
+
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                     resources={"metadata": {"path": str(LESSONS)}})
+    pasted = []
+    with client.setup_kernel():
+        for index, cell in enumerate(list(nb.cells)):
+            if cell.cell_type != "code":
+                continue
+            client.execute_cell(cell, index)
+            for status, title, rows, line in list(_reports(_printed(cell))):
+                probe = new_code_cell(_pasted(line))
+                try:
+                    client.execute_cell(probe, index)
+                except nbclient.exceptions.CellExecutionError as err:
+                    pytest.fail(f"{path.name}, cell {index}: the reproduce line\n    {line}\nraises when pasted "
+                                f"there:\n{_clean(str(err))[-1500:]}", pytrace=False)
+                again = list(_reports(_printed(probe)))
+                assert again, (line, _printed(probe))
+                assert again[0][:3] == (status, title, rows), (path.name, index, line, again[0], (status, title, rows))
+                pasted.append(line)
+    print(f"{path.name}: {len(pasted)} reproduce line(s) pasted")
 
 
 # ------------------------------------------------------------------------------ the autograder
@@ -188,15 +291,12 @@ def test_autograder_grades_past_a_cell_that_raises(tmp_path, kernel_env, checks)
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook(cells=[
-        new_code_cell("from checks import check"),                             # the old import still works
+        new_code_cell("from tinymlp.lessons import check"),
         new_code_cell("1 / 0"),                                                # a student's stray cell
         new_code_cell("check('02.3', lambda grad, shape: grad)"),               # wrong: never sums
     ])
     path = tmp_path / "02_submission.ipynb"
     nbformat.write(nb, path)
-    shim = tmp_path / "checks.py"                                            # as in lessons/exercises/
-    shim.write_text((EXERCISES / "checks.py").read_text().replace(
-        'pathlib.Path(__file__).resolve().parent.parent / "checks.py"', repr(str(LESSONS / "checks.py"))))
     graded = _grade(path)
     assert any("ZeroDivisionError" in e for e in graded.errors)
     assert {r.exercise: r.status for r in graded.rows} == {"02.1": "not done", "02.2": "not done", "02.3": "FAILED"}
@@ -209,19 +309,19 @@ def test_check_prints_one_line_and_never_raises(checks, capsys):
     def stub(*args):
         raise NotImplementedError("exercise 02.3")
 
-    assert checks.check("02.3", stub) is False
+    assert not checks.check("02.3", stub)
     assert capsys.readouterr().out == "exercise 02.3 unbroadcast: not done yet\n"
-    assert checks.check("06.1", ...) is False
+    assert not checks.check("06.1", ...)
     assert capsys.readouterr().out.endswith(": not done yet\n")
 
     def broken(grad, shape):
         raise TypeError("oops")
 
-    assert checks.check("02.3", broken) is False
+    assert not checks.check("02.3", broken)
     out = capsys.readouterr().out
     assert out.startswith("exercise 02.3 unbroadcast: FAILED\n") and "TypeError: oops" in out
 
-    assert checks.check("02.3", lambda grad, shape: grad.sum(axis=0)) is False
+    assert not checks.check("02.3", lambda grad, shape: grad.sum(axis=0))
     out = capsys.readouterr().out
     assert "FAILED" in out and ("differs from the reference" in out or "shape" in out)
     import numpy as np
@@ -233,11 +333,34 @@ def test_check_prints_one_line_and_never_raises(checks, capsys):
         def forward(ctx, x):
             return x / (1 + np.exp(-x))            # Swish: the forward comparison passes
 
-    assert checks.check("10.2", NoBackward) is False
+    assert not checks.check("10.2", NoBackward)
     out = capsys.readouterr().out
     assert out.startswith("exercise 10.2 Swish backward: FAILED") and "backward" in out
-    assert checks.check("99.9", stub) is False
+    assert not checks.check("99.9", stub)
     assert "no such exercise" in capsys.readouterr().out
+
+
+def test_a_check_cell_shows_its_line_and_no_value(checks, capsys):
+    formatters = pytest.importorskip("IPython.core.formatters")
+
+    def stub(grad, shape):
+        raise NotImplementedError("exercise 02.3")
+
+    def unbroadcast(grad, shape):
+        grad = grad.sum(axis=tuple(range(grad.ndim - len(shape))))
+        return grad.sum(axis=tuple(k for k, n in enumerate(shape) if n == 1), keepdims=True)
+
+    for answer, passed in ((stub, False), (lambda grad, shape: grad, False), (unbroadcast, True)):
+        value = checks.check("02.3", answer)
+        capsys.readouterr()
+        assert bool(value) is passed and (value == passed) and (value != (not passed))
+        # IPython shows a cell's last value unless it displays itself: this one displays nothing
+        assert formatters.DisplayFormatter().format(value) == ({}, {}), value
+        assert formatters.DisplayFormatter().format(passed) != ({}, {})      # (a bare bool would show)
+        assert repr(value) == f"<check 02.3: {'passed' if passed else value.result.status}>"
+    if checks.check("02.3", unbroadcast):                                       # as the lessons use it
+        done = True
+    assert done and "passed" in capsys.readouterr().out
 
 
 def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
@@ -259,10 +382,236 @@ def test_a_wrong_backward_gets_the_gradcheck_report(checks, capsys):
             dydx = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
             return grad * dydx * 0.5
 
-    assert checks.check("03.2", HalfGELU) is False
+    assert not checks.check("03.2", HalfGELU)
     out = capsys.readouterr().out
     assert out.startswith("exercise 03.2 GELU backward: FAILED\n")
     assert "gradcheck" in out and re.search(r"^\s*(likely|pattern)\s*:", out, flags=re.M), out
+
+
+def test_an_array_that_is_the_answer_rearranged_is_told_so(checks, capsys):
+    """A transpose, a reversal or a sign flip of the expected array is named, not reported as a
+    largest difference at some index."""
+    import numpy as np
+
+    from tinymlp.lessons.checks.common import rearranged
+
+    want = np.arange(1.0, 13.0).reshape(3, 4)
+    square = np.arange(1.0, 10.0).reshape(3, 3)
+    assert rearranged(square.T, square).startswith("exactly the transpose of the expected")
+    assert rearranged(want[::-1], want).startswith("exactly the expected reversed along axis 0")
+    line = np.arange(1.0, 6.0)
+    assert rearranged(line[::-1], line).startswith("exactly the expected reversed: yours[k] = expected[4 - k]")
+    assert rearranged(-want, want).startswith("exactly the expected with the opposite sign")
+    assert rearranged(-square.T, square).startswith("exactly minus the transpose")
+    flipped = square.copy()
+    flipped[1, 0] *= -1
+    assert "wrong sign on 1 of its 9 entries (all below the diagonal)" in rearranged(flipped, square)
+    assert rearranged(want + 0.5, want) is None and rearranged(want, want) is None   # a plain error is not one
+
+    def toeplitz(w, S):                                   # w[j - i + S - 1]: the transpose
+        i, j = np.indices((S, S))
+        return w[j - i + S - 1]
+
+    def toeplitz_backward(dW):                            # np.trace's offset counts j - i: reversed
+        S = dW.shape[0]
+        return np.array([np.trace(dW, offset=k) for k in range(-(S - 1), S)])
+
+    def rotation(phi, omega):                             # the sin entries' signs swapped
+        M = np.zeros((2 * len(omega), 2 * len(omega)))
+        for i, w in enumerate(omega):
+            c, s = np.cos(w * phi), np.sin(w * phi)
+            M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, -s], [s, c]]
+        return M
+
+    for ex_id, answer, said in [
+            ("07.2", toeplitz, "yours is exactly the transpose of the expected: yours[i, j] = expected[j, i]; "
+                               "W[i, j] is w[i - j + S - 1]"),
+            ("07.3", toeplitz_backward, "yours is exactly the expected reversed: yours[k] = expected[4 - k]"),
+            ("05.4", rotation, "exactly the transpose of the expected: yours[i, j] = expected[j, i]: the rotation by "
+                               "-omega_i * phi, so M p_t = p_(t-1), a shift backwards")]:
+        assert not checks.check(ex_id, answer)
+        out = capsys.readouterr().out
+        assert said in out and "largest difference" not in out, out
+
+
+def _elementwise(forward, backward):
+    """A one-input Function: forward(x) -> (y, saved), backward(saved, grad) -> dx."""
+    from tinymlp import Function
+
+    class Op(Function):
+        @staticmethod
+        def forward(ctx, x):
+            y, saved = forward(x)
+            ctx.save_for_backward(*saved)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            return backward(*ctx.saved_tensors, grad)
+
+    return Op
+
+
+def test_a_term_of_the_derivation_gone_wrong_is_named_with_its_factor(checks):
+    """The check knows the derivation's terms: when the answer's gradient is off by a multiple of
+    one of them, the report's likely line (and the grader's reason) names that term and what
+    happened to it, where gradcheck alone could only say that the values are wrong."""
+    import math
+
+    import numpy as np
+
+    from tinymlp.lessons import run_check
+
+    c0, c1 = math.sqrt(2 / math.pi), 0.044715
+
+    def gelu_forward(x):
+        t = np.tanh(c0 * (x + c1 * x**3))
+        return 0.5 * x * (1 + t), (x, t)
+
+    def swish_forward(x):
+        s = 1 / (1 + np.exp(-x))
+        return x * s, (x, s)
+
+    def softmax_forward(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        return p, (p,)
+
+    def gelu(h=0.5, half=0.5, c=c0, three=3):            # dy/dx with one factor changed
+        return _elementwise(gelu_forward, lambda x, t, g: g * (h * (1 + t) + half * x * (1 - t * t) * c
+                                                                 * (1 + three * c1 * x * x)))
+
+    cases = [
+        ("03.2", gelu(half=1),
+         "the term x (1 - t^2)/2 c0 (1 + 3 c1 x^2) of dy/dx is twice what it should be in your backward: a factor 1/2 "
+         "missing from it"),
+        ("03.2", gelu(c=1),
+         "lacks the factor c0 = sqrt(2/pi)"),
+        ("03.2", gelu(three=1),
+         "the term x (1 - t^2)/2 c0 3 c1 x^2 of dy/dx lacks the factor 3"),
+        ("10.2", _elementwise(swish_forward, lambda x, s, g: g * (s - x * s * (1 - s))),
+         "the term x s (1 - s) of dy/dx has the wrong sign in your backward"),
+        ("05.1", _elementwise(softmax_forward, lambda p, g: p * g),
+         "the term - p <g, p> (the row's inner product) of dL/dx is missing from your backward"),
+    ]
+    for ex_id, answer, said in cases:
+        result = run_check(ex_id, answer, seeds=(None, 7))
+        assert result.status == "FAILED" and said in result.reason, (ex_id, said, result.reason)
+        assert re.search(r"^\s*likely\s*: the term", result.details, flags=re.M), result.details
+
+
+def test_a_report_without_a_likely_line_is_summed_up_by_its_pattern_not_its_header():
+    from tinymlp.lessons.runner import reason_of
+
+    report = ("tinymlp.gradcheck FAILED: gelu  [mode=full  check dtype=float64\n     eps=1e-06]\n"
+              "upstream gradient: random\n\n  tensor  shape\n  input x  (4,6)  24  23  FAIL\n\n"
+              "FAIL x - worst 5 of 23 failing checks (full mode):\n  index  numerical\n  [3,3]  -2.2  -6.1\n"
+              "  pattern : 23 of 24 elements fail: x[0, 0], x[0, 1], x[0, 2] ...\n  from    : MyGELU.backward\n")
+    assert reason_of(report) == "the gradient of 'x' is wrong: 23 of 24 elements fail: x[0, 0], x[0, 1], x[0, 2] ..."
+    assert reason_of(report.replace("  from", "  likely  : a hint\n  from")) == "a hint"
+    assert reason_of("shape (3,), expected (4,)\nmore") == "shape (3,), expected (4,)"
+
+
+def test_lesson_10s_own_layer_needs_a_backward_of_its_own_and_every_parameter_checked(checks, capsys):
+    import numpy as np
+
+    import tinymlp
+    from tinymlp import Function, nn
+
+    rng = np.random.default_rng(0)
+    x = tinymlp.tensor(rng.standard_normal((4, 5)), requires_grad=True)
+    alpha = rng.uniform(0.1, 0.4, 5)
+
+    class PReLU(Function):
+        @staticmethod
+        def forward(ctx, x, alpha):
+            ctx.save_for_backward(x, alpha)
+            return np.where(x > 0, x, alpha * x)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, alpha = ctx.saved_tensors
+            return np.where(x > 0, g, alpha * g), (g * np.minimum(x, 0)).sum(axis=0)
+
+    def prelu(x, alpha):
+        return PReLU.apply(x, alpha)
+
+    assert checks.check("10.3", (prelu, (x, tinymlp.tensor(alpha, requires_grad=True))))
+    assert "passed" in capsys.readouterr().out
+    # a lambda of tinymlp's ops: no backward written
+    assert not checks.check("10.3", (lambda x: (x * x).tanh() * 2, (x,)))
+    assert "not from a backward you wrote" in capsys.readouterr().out
+    # the slope created without requires_grad: its gradient (wrong here) would never be checked
+    wrong = type("PReLUWrongSlope", (PReLU,), {"backward": staticmethod(
+        lambda ctx, g: (PReLU.backward(ctx, g)[0], 3 * PReLU.backward(ctx, g)[1]))})
+    assert not checks.check("10.3", (lambda x, alpha: wrong.apply(x, alpha), (x, tinymlp.tensor(alpha))))
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "input 'alpha' (5,): a float tensor without requires_grad=True" in out, out
+
+    class Layer(nn.Module):                              # a module whose slope is frozen: not checked either
+        def __init__(self):
+            super().__init__()
+            self.alpha = nn.Parameter(alpha)
+            self.alpha.requires_grad = False
+
+        def forward(self, x):
+            return PReLU.apply(x, self.alpha)
+
+    assert not checks.check("10.3", (Layer(), (x,)))
+    assert "parameter 'alpha' (5,): a float tensor without requires_grad=True" in capsys.readouterr().out
+
+
+def test_lesson_10s_reading_a_failure_gets_rmsnorms_own_hint():
+    """The demonstration's layer (RMSNorm with a gain, r treated as a constant) at the lesson's
+    shapes: the likely line is RMSNorm's formula, which following literally fixes the layer."""
+    import numpy as np
+
+    import tinymlp
+    from tinymlp import Function, gradcheck
+
+    class RMSNormForgot(Function):
+        @staticmethod
+        def forward(ctx, x, weight, eps=1e-6):
+            r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+            ctx.save_for_backward(x * r, r, weight)
+            return x * r * weight
+
+        @staticmethod
+        def backward(ctx, grad):
+            xh, r, weight = ctx.saved_tensors
+            return r * (grad * weight), (grad * xh).reshape(-1, xh.shape[-1]).sum(axis=0)
+
+    class RMSNormAsTold(RMSNormForgot):                  # the likely line, followed to the letter
+        @staticmethod
+        def backward(ctx, grad):
+            x_hat, r, weight = ctx.saved_tensors
+            g = grad * weight                            # "g being the incoming gradient times the gain"
+            dx = r * (g - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))
+            return dx, (grad * x_hat).reshape(-1, x_hat.shape[-1]).sum(axis=0)
+
+    rng = np.random.default_rng(0)
+    x = tinymlp.tensor(rng.standard_normal((3, 4, 6)), requires_grad=True)
+    weight = tinymlp.tensor(rng.uniform(0.5, 1.5, 6), requires_grad=True)
+    result = gradcheck(RMSNormForgot.apply, (x, weight), raise_on_fail=False).per_tensor["x"]
+    assert result.hint_kind == "row_multiple" and "forward is the RMSNorm of 'x'" in result.pattern
+    assert "RMSNorm's backward" in result.hint and "L2" not in result.hint and "mean(g) -" not in result.hint
+    assert gradcheck(RMSNormAsTold.apply, (x, weight), raise_on_fail=False).passed
+    text = (LESSONS / "src" / "10_gradcheck_your_layer.py").read_text()
+    section = text[text.index("## 4. Reading a failure"):text.index("## 5.")]
+    assert "likely" in section and "no `likely`" not in section and "RMSNorm's backward" in section
+
+
+def test_the_notation_of_lessons_5_and_7():
+    """Lesson 5: d before a variable is a differential, a gradient is G with its variable's name;
+    lesson 7: g is the upstream gradient only, and dgamma's sums say over which axes."""
+    five = (LESSONS / "src" / "05_softmax_attention.py").read_text()
+    markdown = "\n".join(line for line in five.splitlines() if line.startswith("#"))
+    assert not re.search(r"\$d[SPV]\b|\bd[SPV] =|d[SP]_\{ij\}|dS\^\\top|dS\\,K", markdown), \
+        re.findall(r".*(?:\$d[SPV]\b|\bd[SPV] =).*", markdown)
+    assert "G_P := " in markdown and "G_S = P" in markdown and "a differential" in markdown
+    seven = (LESSONS / "src" / "07_gmlp_sgu.py").read_text()
+    assert not re.search(r"\$g = |with \$g\b|\\overline g\b", seven)
+    assert r"d\gamma_c = \sum_{b,i}" in seven and "axes 0 and 1" in seven
 
 
 def _masked_mean(forward="right", backward="right"):
@@ -295,13 +644,13 @@ def _masked_mean(forward="right", backward="right"):
 
 def test_masked_mean_check_passes_the_answer_and_names_the_usual_slips(checks, capsys):
     head = "exercise 12.2 mean over the real tokens (masked pooling)"
-    assert checks.check("12.2", _masked_mean()) is True
+    assert checks.check("12.2", _masked_mean())
     assert capsys.readouterr().out == f"{head}: passed\n"
     for kind, expected in [({"forward": "over S"}, "forward: divided by S"),
                            ({"backward": "over S"}, "backward: divided by S"),
                            ({"backward": "no mask"}, "backward: the mask is missing"),
                            ({"backward": "a third"}, "tinymlp.gradcheck FAILED")]:   # any other slip
-        assert checks.check("12.2", _masked_mean(**kind)) is False, kind
+        assert not checks.check("12.2", _masked_mean(**kind)), kind
         out = capsys.readouterr().out
         assert out.startswith(f"{head}: FAILED\n") and expected in out, (kind, out)
 
@@ -327,24 +676,24 @@ def _wordpiece(slip=None):
 
 def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs(checks, capsys):
     head = "exercise 12.3 WordPiece's greedy longest-match cut"
-    assert checks.check("12.3", _wordpiece()) is True
+    assert checks.check("12.3", _wordpiece())
     assert capsys.readouterr().out == f"{head}: passed\n"
     for slip, expected in [("shortest", "not the shortest"), ("no ##", "with ## in front"),
                            ("partial", "[UNK] as a whole")]:
-        assert checks.check("12.3", _wordpiece(slip)) is False, slip
+        assert not checks.check("12.3", _wordpiece(slip)), slip
         out = capsys.readouterr().out
         assert out.startswith(f"{head}: FAILED\n") and expected in out, (slip, out)
         assert re.search(r"'\w+': yours \[.*\], the tokenizer's \[.*\]", out), out   # the word, both answers
-    assert checks.check("12.3", lambda word, vocab: ["[UNK]"]) is False
+    assert not checks.check("12.3", lambda word, vocab: ["[UNK]"])
     assert "yours ['[UNK]']" in capsys.readouterr().out
     # the cases hold a word that must become [UNK] and single characters, known and unknown
-    from tinymlp.text import SPECIAL_TOKENS, Tokenizer
+    from tinymlp.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
-    from tinymlp.lessons.exercises import _wordpiece_cases
+    from tinymlp.lessons.checks.lesson12_gmlp_on_text import wordpiece_cases
     from tinymlp.lessons.registry import Case
 
     cuts = []
-    for vocab, words in _wordpiece_cases(Case(0)):
+    for vocab, words in wordpiece_cases(Case(0)):
         tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab))
         cuts += [(w, tok._cut(w)) for w in words]
     assert any(len(w) > 1 and cut == ["[UNK]"] for w, cut in cuts)
@@ -360,7 +709,7 @@ def test_exercises_are_registered_numbered_and_enough(checks, make_lessons):
         text = src.read_text()
         for ex_id in dict.fromkeys(ids):
             assert ex_id.startswith(src.name[:2] + "."), f"{src.name}: exercise {ex_id} belongs to another lesson"
-            assert ex_id in checks.EXERCISES, f"{src.name}: exercise {ex_id} has no check in lessons/checks.py"
+            assert ex_id in checks.EXERCISES, f"{src.name}: exercise {ex_id} has no check in tinymlp/lessons/checks/"
             assert re.search(rf"check\(\s*\"{re.escape(ex_id)}\"", text), f"{src.name}: exercise {ex_id} is never checked"
             assert ex_id not in seen, f"exercise {ex_id} in {src.name} and {seen[ex_id]}"
             seen[ex_id] = src.name
@@ -425,3 +774,57 @@ def test_make_lessons_stubs(make_lessons):
         "n = ...  # exercise 06.2: your answer\nprint(n)")
     with pytest.raises(ValueError, match="no END SOLUTION"):
         make_lessons.solutions("code", "# BEGIN SOLUTION 01.1\nx = 1", student=True)
+
+
+def _headings(nb):
+    """[(cell index, level, text)] of the notebook's markdown headings, in order."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                m = re.match(r"^(#{1,6})\s+(\S.*?)\s*$", line)
+                if m:
+                    found.append((i, len(m.group(1)), m.group(2)))
+    return found
+
+
+def test_every_see_pointer_is_a_heading_of_its_notebook_above_the_exercise(checks, make_lessons):
+    """The ``see:`` line names the section (and subsection) whose text holds the exercise: each
+    heading it quotes is a heading of the lesson's notebook, the first a ``##`` section, and the
+    exercise's stub lies under the last one, before the next heading of its level or above."""
+    for ex_id, ex in checks.EXERCISES.items():
+        source = next(p for p in SOURCES if p.name.startswith(ex_id[:2] + "_"))
+        nb = make_lessons.build(source, student=True)
+        quoted = re.findall(r'"([^"]+)"', ex.section)
+        assert ex.section.startswith(f"lesson {int(ex_id[:2])}, section \"") and quoted == list(ex.headings), ex_id
+        stub = next(i for i, c in enumerate(nb.cells) if f"exercise {ex_id}" in c.source and c.cell_type == "code")
+        headings = _headings(nb)
+        above = [h for h in headings if h[0] <= stub]
+        chain = {}
+        for _, level, text in above:
+            chain = {k: v for k, v in chain.items() if k < level}
+            chain[level] = text
+        assert tuple(v for k, v in sorted(chain.items()) if k >= 2) == ex.headings, (ex_id, ex.headings, chain)
+        assert min(chain) <= 2 and ex.headings[0] == chain[2], ex_id
+
+
+def test_lesson_5s_pointers_name_the_sections_that_teach_them(checks):
+    """The pointers a student followed the wrong way: cross-entropy is in section 1, attention in
+    section 2, and the rotation in section 3 of a notebook with four."""
+    section = {k: checks.EXERCISES[k].section for k in ("05.1", "05.2", "05.3", "05.4")}
+    assert section["05.2"] == 'lesson 5, section "1. Softmax" > "Softmax cross-entropy, derived from log-sum-exp"'
+    assert section["05.3"].startswith('lesson 5, section "2. Scaled dot-product attention" > "The backward pass')
+    assert section["05.4"].startswith('lesson 5, section "3. Sinusoidal position encodings"')
+
+
+def test_the_sections_file_is_read_from_the_sources(make_lessons, tmp_path):
+    assert make_lessons.SECTIONS_FILE.read_text() == make_lessons.render_sections(SOURCES), (
+        "tinymlp/lessons/sections.py differs from the sources' headings: run python lessons/make_lessons.py")
+    source = tmp_path / "99_planted.py"
+    source.write_text("\n".join([
+        "# %% [markdown]", "# # Lesson 99", "# ## 1. First", "# ### A subsection", "", "# %%",
+        "def f():", "    # BEGIN SOLUTION 99.1", "    return 1", "    # END SOLUTION", "",
+        "# %% [markdown]", "# ## 2. Second", "# Text; `# not a heading` in code is not one either.", "",
+        "# %%", "# ## a comment in code", "def g():", "    # BEGIN SOLUTION 99.2", "    return 2", "    # END SOLUTION",
+        "def h():", "    # BEGIN SOLUTION 99.1", "    return 3", "    # END SOLUTION"]))
+    assert make_lessons.sections(source) == {"99.1": ("1. First", "A subsection"), "99.2": ("2. Second",)}

@@ -51,6 +51,6 @@ def test_cli_says_test_names_the_widths_and_counts_epochs(tmp_path):
     header = out.splitlines()[0]
     assert header.startswith("MLPMixer (mixer_cifar with dim 16, depth 2, token_mlp_dim 8, channel_mlp_dim 32): ")
     assert "| 1 epoch x 1 steps" in header
-    assert "| test loss" in out and "done: test accuracy" in out
-    assert " val " not in out and "val loss" not in out and "validation" not in out
+    assert "| validation loss" in out and "done: test accuracy" in out and out.count("test accuracy") == 1
+    assert " val " not in out and "val loss" not in out and "| test loss" not in out     # per epoch: validation
     assert "1 epochs" not in out and "| 1 epoch |" in out

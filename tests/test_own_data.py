@@ -158,6 +158,61 @@ def save_npz(path, **arrays):
     return path
 
 
+# ---------------------------------------------------------------------- one rule for every format
+def test_npz_labels_are_numbered_as_csv_labels_are(tmp_path):
+    x = np.zeros((6, 8, 8, 3), np.uint8)
+    path = save_npz(tmp_path / "d.npz", x_train=x, y_train=np.array([1, 2, 3, 3, 2, 1]), x_test=x[:2],
+                    y_test=np.array([3, 1]))
+    train, test = load_npz(path, size=8)
+    assert train.classes == ("1", "2", "3") and list(train.labels) == [0, 1, 2, 2, 1, 0] and list(test.labels) == [2, 0]
+    csv = tmp_path / "d.csv"
+    csv.write_text("text,label\n" + "".join(f"t{i},{y}\n" for i, y in enumerate([1, 2, 3, 3, 2, 1])))
+    table = data.read_text_table(csv)
+    assert table.classes == train.classes and list(table.labels) == list(train.labels)
+
+
+@needs_pillow
+@pytest.mark.parametrize("fmt", ["folder", "npz", "csv"])
+def test_one_class_is_refused_in_every_format(tmp_path, fmt):
+    if fmt == "folder":
+        image_folder(tmp_path / "pets", classes=("cat",))
+        read = lambda: ImageFolder(tmp_path / "pets", "train")                          # noqa: E731
+    elif fmt == "npz":
+        x = np.zeros((4, 8, 8, 3), np.uint8)
+        save_npz(tmp_path / "d.npz", x_train=x, y_train=np.full(4, 7), x_test=x, y_test=np.full(4, 7))
+        read = lambda: load_npz(tmp_path / "d.npz")                                     # noqa: E731
+    else:
+        (tmp_path / "d.csv").write_text("text,label\na,cat\nb,cat\n")
+        read = lambda: data.read_text_table(tmp_path / "d.csv")                         # noqa: E731
+    with pytest.raises(DatasetError, match="only one .*; a classifier needs at least two classes"):
+        read()
+
+
+@needs_pillow
+def test_class_names_that_differ_only_in_case_are_refused(tmp_path):
+    root = tmp_path / "food"
+    for name in ("Food", "food", "drink"):
+        write_png(root / "train" / name / "0.png", np.zeros((4, 4, 3)))
+    with pytest.raises(DatasetError, match="the class folders 'Food' and 'food' differ only in case"):
+        ImageFolder(root, "train")
+    x = np.zeros((3, 8, 8, 3), np.uint8)
+    save_npz(tmp_path / "d.npz", x_train=x, y_train=np.arange(3), x_test=x, y_test=np.arange(3),
+             classes=np.array(["Food", "drink", "food"]))
+    with pytest.raises(DatasetError, match="'Food' and 'food' differ only in case"):
+        load_npz(tmp_path / "d.npz")
+
+
+@needs_pillow
+def test_torchvisions_own_layout_root_class_images_is_read(tmp_path):
+    root = tmp_path / "pets"
+    for name in ("cat", "dog"):
+        for i in range(3):
+            write_png(root / name / f"{i}.png", np.full((6, 6, 3), 40 * i))
+    assert data.folder.has_class_folders(root) and not data.folder.has_class_folders(tmp_path / "nowhere")
+    images = ImageFolder(root, split=None, size=8)
+    assert images.classes == ("cat", "dog") and len(images) == 6 and "pets: 6 images" in repr(images)
+
+
 @pytest.mark.parametrize("layout", ["nhwc", "nchw", "grey", "float"])
 def test_npz_layouts_and_dtypes(tmp_path, layout):
     rng = np.random.default_rng(0)
@@ -182,8 +237,12 @@ def test_npz_layouts_and_dtypes(tmp_path, layout):
     ({"x_train": np.zeros((4, 8, 8, 3), bool)}, "x_train has dtype bool"),
     ({"y_train": np.zeros(3, np.int64)}, "y_train has shape (3,); expected (4,)"),
     ({"y_train": np.full(4, 0.5)}, "y_train has dtype float64"),
-    ({"y_test": np.array([0, -1])}, "y_test holds the label -1"),
-    ({"classes": np.array(["only one"])}, "the label 1 has no name"),
+    ({"y_test": np.array([0, -1])}, "y_test: the label '-1' is not a class of the training data (0, 1)"),
+    ({"classes": np.array(["a"])}, "classes: only one class name, 'a'; a classifier needs at least two classes"),
+    ({"classes": np.array(["a", "b"]), "y_test": np.array([0, 2])}, "y_test holds the label 2, which names no class"),
+    ({"classes": np.array(["a", "b", "c"])}, "the class 'c' (label 2) has no image in y_train"),
+    ({"x_train": np.full((4, 8, 8, 3), np.nan)}, "x_train holds NaN (768 values, the first in image 0)"),
+    ({"y_train": np.array([0, 1, np.nan, 1])}, "y_train has dtype float64 and holds NaN"),
     ({"x_test": np.zeros((2, 6, 6, 3), np.uint8)}, "x_train images are (3, 8, 8) but x_test images (3, 6, 6)"),
 ])
 def test_npz_errors_name_the_file_and_the_array(tmp_path, change, words):
@@ -199,7 +258,7 @@ def test_npz_errors_name_the_file_and_the_array(tmp_path, change, words):
 def test_npz_that_needs_pickle_or_is_not_an_npz(tmp_path):
     path = tmp_path / "objects.npz"
     np.savez(path, x_train=np.array([None, 1], dtype=object), y_train=[0, 1], x_test=np.zeros((1, 4, 4)), y_test=[0])
-    with pytest.raises(DatasetError, match="needs pickle"):
+    with pytest.raises(DatasetError, match="need pickle"):
         load_npz(path)
     (tmp_path / "text.npz").write_text("hello")
     with pytest.raises(DatasetError, match="not an .npz file"):
@@ -238,11 +297,13 @@ def test_tsv_pairs_and_integer_labels_sorted_as_numbers(tmp_path):
     ("text,label\nhello,1\nbye,0,extra\n", {}, "line 3: 3 fields, but the header has 2"),
     ("text,label\nhello,1\n ,0\n", {}, "line 3: the column 'text' (--text-column) is empty"),
     ("text,label\nhello,1\nbye,\n", {}, "line 3: the column 'label' (--label-column) is empty"),
-    ("text,label\nhello,1\nbye,1\n", {}, "every row has the label '1'"),
+    ("text,label\nhello,1\nbye,1\n", {}, "only one label, '1'; a classifier needs at least two classes"),
+    ("text,label\nhello,Food\nbye,food\n", {}, "the labels 'Food' and 'food' differ only in case"),
     ("text,label\n", {}, "a header but no rows"),
     ("", {}, "empty, or no header line"),
     ('text,label\n"unclosed,1\n', {}, "line 2: unexpected end of data (a double quote that is never closed?)"),
-    ("text,label\nhello,2\n", {"classes": ("0", "1")}, "the label '2' (column 'label') is not a class of the training data (0, 1)"),
+    ("text,label\nhello,2\n", {"classes": ("0", "1")},
+     "(column 'label'): the label '2' is not a class of the training data (0, 1)"),
 ])
 def test_csv_errors_name_the_file_line_and_column(tmp_path, content, kwargs, words):
     path = tmp_path / "bad.csv"
@@ -285,7 +346,7 @@ def test_train_cifar_gmlp_on_an_image_folder(tmp_path):
     out = tmp_path / "run"
     stdout = ok(run("train_cifar_gmlp.py", "--dataset", "folder", "--data-dir", root, *TINY_IMAGE, "--ffn-dim", "32",
                     "--out", out, cwd=tmp_path))
-    assert "folder: 16 train / 6 test images" in stdout and "confusion.png" in stdout
+    assert "folder: 14 train / 2 validation / 6 test images" in stdout and "confusion.png" in stdout
     meta = read_meta(out / "checkpoint.npz")
     assert meta["classes"] == ["cat", "dog"] and meta["dataset"] == "folder" and meta["model_config"]["image_size"] == 32
     for name in ("metrics.json", "curves.png", "spatial_weights.png", "confusion.png"):
@@ -304,7 +365,7 @@ def test_an_image_folder_without_test_holds_some_out(tmp_path):
     root = image_folder(tmp_path / "pets", per_class=(10, 0))
     stdout = ok(run("train_cifar_mixer.py", "--dataset", "folder", "--data-dir", root, *TINY_IMAGE,
                     "--test-fraction", "0.2", "--out", tmp_path / "run", cwd=tmp_path))
-    assert "no test/ folder: 4 of its 20 images" in stdout and "folder: 16 train / 4 test images" in stdout
+    assert "no test/ folder: 4 of its 20 images" in stdout and "folder: 14 train / 2 validation / 4 test images" in stdout
 
 
 def test_train_cifar_mixer_on_npz_arrays(tmp_path):
@@ -315,7 +376,7 @@ def test_train_cifar_mixer_on_npz_arrays(tmp_path):
     out = tmp_path / "run"
     stdout = ok(run("train_cifar_mixer.py", "--dataset", "npz", "--data-dir", path, *TINY_IMAGE, "--out", out,
                     cwd=tmp_path))
-    assert "npz: 24 train / 6 test images" in stdout
+    assert "npz: 21 train / 3 validation / 6 test images" in stdout
     assert read_meta(out / "checkpoint.npz")["classes"] == ["zero", "one", "two"]
     assert (out / "confusion.png").stat().st_size > 0
 
@@ -349,7 +410,7 @@ def test_train_text_gmlp_on_a_csv_file(tmp_path):
     out = tmp_path / "run"
     stdout = ok(run("train_text_gmlp.py", "--dataset", "csv", "--train-file", path, "--text-column", "review",
                     "--label-column", "sentiment", *TINY_TEXT, "--out", out, cwd=tmp_path))
-    assert "6 of the 60 rows" in stdout and "csv: 54 train / 6 test sentences" in stdout
+    assert "6 of the 60 rows" in stdout and "csv: 48 train / 6 validation / 6 test sentences" in stdout
     meta = read_meta(out / "checkpoint.npz")
     assert meta["classes"] == ["neg", "pos"] and meta["dataset"] == "csv"
     assert (out / "confusion.png").stat().st_size > 0 and (out / "tokenizer.json").is_file()
@@ -363,7 +424,7 @@ def test_train_text_gmlp_on_tsv_pairs_with_a_test_file(tmp_path):
     stdout = ok(run("train_text_gmlp.py", "--dataset", "csv", "--train-file", tmp_path / "train.tsv", "--test-file",
                     tmp_path / "test.tsv", "--text-column", "a", "--pair-column", "b", *TINY_TEXT,
                     "--out", tmp_path / "run", cwd=tmp_path))
-    assert "csv: 32 train / 8 test sentence pairs" in stdout
+    assert "csv: 28 train / 4 validation / 8 test sentence pairs" in stdout
 
 
 def test_pretrain_mlm_on_a_csv_file_and_on_lines(tmp_path):

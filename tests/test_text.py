@@ -1,11 +1,11 @@
-"""tinymlp.text: the subword tokenizer (training, cutting, pairs, padding, JSON files)."""
+"""tinymlp.data.tokenizer: the subword tokenizer (training, cutting, pairs, padding, JSON files)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from tinymlp.text import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, Tokenizer
+from tinymlp.data.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, Tokenizer
 
 CORPUS = ["the players were playing and the player played",
           "a playful play, played again!", "replay the plays"] * 5

@@ -7,10 +7,11 @@ import pytest
 from tinymlp import gradcheck, optim, tensor
 from tinymlp.data import OrderTask, TokenLoader
 from tinymlp.models.gmlp import GMLPBlock
-from tinymlp.models.text import (
-    TEXT_PAPER_PARAMETERS, TEXT_PRESETS, TextGMLP, text_config, text_num_parameters,
-)
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
+from tinymlp.models import PAPER_PARAMETERS, PRESETS, config, create, num_parameters
+from tinymlp.models.text_gmlp import TextGMLP
+
+TEXT_PRESETS = [name for name, (cls, _) in PRESETS.items() if cls is TextGMLP]
 from tinymlp.train import fit
 
 TINY = dict(vocab_size=12, seq_len=6, dim=4, depth=1, ffn_dim=8)
@@ -93,17 +94,29 @@ def test_wrong_length_is_refused():
         model(np.zeros((1, 5), dtype=np.int64))
 
 
-@pytest.mark.parametrize("name", list(TEXT_PRESETS))
+def test_the_text_presets_are_presets():
+    assert len(TEXT_PRESETS) == 10 and "gmlp_text18" in TEXT_PRESETS
+    model = create("gmlp_text_split", vocab_size=40, seq_len=8, dim=8, depth=1, ffn_dim=16)
+    assert isinstance(model, TextGMLP) and model.config["sgu_variant"] == "split"
+
+
+@pytest.mark.parametrize("name", TEXT_PRESETS)
 def test_parameter_arithmetic_matches_a_built_model(name):
     small = dict(vocab_size=40, seq_len=8, dim=8, depth=2, ffn_dim=16)
     for extra in (dict(), dict(lm_head=True, num_classes=0, position="learned")):
-        cls, kwargs = text_config(name, **small, **extra)
-        assert cls(**kwargs).num_parameters() == text_num_parameters(name, **small, **extra)
+        cls, kwargs = config(name, **small, **extra)
+        assert cls(**kwargs).num_parameters() == num_parameters(name, **small, **extra)
+    cls, kwargs = config(name, **small, lm_head=True)
+    body = cls(**kwargs).num_parameters() - kwargs["dim"] * 2 - 2 - kwargs["vocab_size"]   # less both heads
+    assert num_parameters(name, include_head=False, **small, lm_head=True) == body
 
 
 def test_paper_counts():
-    for name, millions in TEXT_PAPER_PARAMETERS.items():
-        ours = text_num_parameters(name, num_classes=0) / 1e6
+    text = [name for name in PAPER_PARAMETERS if name in TEXT_PRESETS]
+    assert len(text) == 3
+    for name in text:
+        millions, with_head = PAPER_PARAMETERS[name]
+        ours = num_parameters(name, include_head=with_head) / 1e6
         assert ours == pytest.approx(millions, rel=0.015), name
 
 

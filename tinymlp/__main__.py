@@ -1,4 +1,5 @@
-"""Command line: ``python -m tinymlp doctor`` reports what tinymlp can run on here."""
+"""Command line: ``python -m tinymlp doctor`` reports what tinymlp can run on here; ``python -m
+tinymlp predict`` classifies images or texts with a trained model (``tinymlp/predict.py``)."""
 
 from __future__ import annotations
 
@@ -112,9 +113,14 @@ def doctor() -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["predict"]:                      # its own flags: tinymlp/predict.py
+        from .predict import main as predict
+        return predict(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tinymlp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="print NumPy/BLAS, CuPy, the CUDA devices seen, and run a tiny op on each")
+    sub.add_parser("predict", help="classify images or texts with a trained model (predict --help)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()

@@ -26,8 +26,9 @@ disk, then renamed over the old checkpoint in one step (``os.replace``). A crash
 leaves the previous checkpoint intact, and the next save to that path deletes the temporary
 file the crash left behind.
 
-Loading checks before it trusts: a file that is empty, truncated, damaged, a plain ``.npy``,
-or not a checkpoint at all raises one ``CheckpointError`` naming the file and what is wrong;
+Loading checks before it trusts: a file that is empty, truncated, damaged (an array whose
+header declares more bytes than the file holds), a plain ``.npy``, or not a checkpoint at all
+raises one ``CheckpointError`` naming the file and what is wrong;
 an optimizer state is only loaded into an optimizer of the type that saved it. Every value is
 checked before anything changes (``load`` is all or nothing): the model's arrays as
 ``Module.load_state_dict`` checks them (shape; floating point, finite and within range for a
@@ -221,41 +222,9 @@ def _write_atomically(path, arrays):
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, f"checkpoint.save: the folder {folder} does not exist "
                                 f"(create it first, e.g. os.makedirs({folder!r}))", folder)
-    _remove_stale_temporaries(folder, os.path.basename(path))
+    files.remove_stale_temporaries(path)      # what a save killed mid-write left
     # a folder, a read-only file or a symbolic link at `path`: refused or said, as for every save
     files.atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **arrays), what="checkpoint.save")
-
-
-def _remove_stale_temporaries(folder, name):
-    """Delete the temporary files of earlier saves to ``name`` that were killed mid-write
-    (``.<name>.<pid>.<random>.tmp`` whose process is gone; those of a save still running elsewhere stay)."""
-    prefix = f".{name}."
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return
-    for entry in entries:
-        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
-            continue
-        parts = entry[len(prefix):-len(".tmp")].split(".")
-        if len(parts) == 2 and parts[0].isdigit():          # <pid>.<random>: this naming
-            pid = int(parts[0])
-            if pid == os.getpid() or _process_alive(pid):
-                continue  # a save still running (in this process's other thread, or elsewhere)
-        elif len(parts) != 1:
-            continue  # the temporary file of another checkpoint (e.g. "<name>.<suffix>")
-        with contextlib.suppress(OSError):  # a killed save's leftover (or one named before the pid was)
-            os.unlink(os.path.join(folder, entry))
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it exists, owned by someone else
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------- loading
@@ -304,11 +273,17 @@ def _open(path):
     if not head.startswith(ZIP_MAGIC[:len(head)]) or len(head) < len(ZIP_MAGIC):
         raise CheckpointError(f"{path} is not a tinymlp checkpoint (it does not start like an .npz/zip "
                               f"file: first bytes {head[:4]!r}); {WHAT_IT_IS}")
+    problem = files.npz_problem(path)         # the arrays' headers, before anything is allocated
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
     try:
         with np.load(path, allow_pickle=False) as npz:
             yield npz
     except CheckpointError:
         raise
+    except MemoryError:
+        raise CheckpointError(f"{path}: an array in it is larger than the memory here (a damaged file, or "
+                              "a checkpoint too large for this machine)") from None
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error) as err:
         raise CheckpointError(f"{path} is damaged or truncated (an incomplete copy or download?): "
                               f"{type(err).__name__}: {_first_line(err)}") from None

@@ -1,12 +1,17 @@
-"""Saving a file so that a failure never leaves half of it: ``atomic_write``.
+"""Files written whole and read with care: ``atomic_write`` (a failure never leaves half a file),
+the one naming of the temporary files and folders that stand in for a file until it is complete,
+and ``npz_problem``, which reads the headers of an ``.npz`` file's arrays before any is loaded.
 
     atomic_write("run/vocab.json", lambda f: f.write(data), what="Tokenizer.save")
 
 The file is written under a temporary name in the destination folder
-(``.<name>.<pid>.<random>.tmp``), flushed to disk, then renamed over ``path`` in one step
-(``os.replace``): a reader sees the old file or the new one, never a mix, and a crash leaves the
-old file as it was. Whatever stops the save (an error in ``write``, a full disk, Ctrl-C), the
-temporary file is removed.
+(``.<name>.<pid>.<random>.tmp``, see ``temporary_file``), flushed to disk, then renamed over
+``path`` in one step (``os.replace``): a reader sees the old file or the new one, never a mix,
+and a crash leaves the old file as it was. Whatever stops the save (an error in ``write``, a
+full disk, Ctrl-C), the temporary file is removed. A process killed mid-write cannot remove
+its own: ``remove_stale_temporaries(path)`` deletes those whose process is gone (checkpoints
+call it before every save). A download or an unpacked archive uses the same naming with its
+own suffix (``.part``, ``.unpacking``).
 
 What the destination can be, and what happens:
 
@@ -24,12 +29,74 @@ What the destination can be, and what happens:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
 import tempfile
 import warnings
+import zipfile
 
-__all__ = ["atomic_write"]
+import numpy as np
+
+__all__ = ["atomic_write", "npz_problem", "remove_stale_temporaries", "temporary_file", "temporary_folder"]
+
+
+# ---------------------------------------------------------------------- temporary names
+def _prefix(path):
+    """(folder, ".<name>.<pid>.") of the temporaries that stand in for ``path``."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return folder, f".{name}.{os.getpid()}."
+
+
+def temporary_file(path, suffix=".tmp"):
+    """(file descriptor, path) of a new empty file ``.<name>.<pid>.<random><suffix>`` beside
+    ``path``, to be renamed over it once complete (``tempfile.mkstemp``: mode 0600)."""
+    folder, prefix = _prefix(path)
+    return tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+
+
+def temporary_folder(path, suffix=".tmp"):
+    """The path of a new empty folder ``.<name>.<pid>.<random><suffix>`` beside ``path``."""
+    folder, prefix = _prefix(path)
+    return tempfile.mkdtemp(dir=folder, prefix=prefix, suffix=suffix)
+
+
+def remove_stale_temporaries(path, suffix=".tmp"):
+    """Delete the temporary files of saves to ``path`` that were killed mid-write: the
+    ``.<name>.<pid>.<random><suffix>`` whose process is gone, and any ``.<name>.<random><suffix>``
+    (a name without a pid). Those of a save still running, here or in another process, stay,
+    and so do those of another file (``.<name>.7.<pid>.<random>.tmp`` belongs to "<name>.7")."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    prefix = f".{name}."
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(suffix)):
+            continue
+        parts = entry[len(prefix):-len(suffix)].split(".")
+        if len(parts) == 2 and parts[0].isdigit():          # <pid>.<random>
+            pid = int(parts[0])
+            if pid == os.getpid() or _process_alive(pid):
+                continue  # a save still running (in this process's other thread, or elsewhere)
+        elif len(parts) != 1:
+            continue  # the temporary file of another file (e.g. "<name>.<suffix>")
+        with contextlib.suppress(OSError):  # a killed save's leftover
+            os.unlink(os.path.join(folder, entry))
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by someone else
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------- saving
 
 
 def atomic_write(path, write, *, what="save", binary=True):
@@ -43,7 +110,7 @@ def atomic_write(path, write, *, what="save", binary=True):
     target = _destination(path, what)
     folder = os.path.dirname(target)
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.{os.getpid()}.", suffix=".tmp")
+        fd, tmp = temporary_file(target)
     except PermissionError:
         raise PermissionError(f"{what}: cannot write {path}: the folder {folder} is not writable "
                               f"(permission denied); save into a folder you can write to") from None
@@ -102,3 +169,43 @@ def _file_mode(path):
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+# ---------------------------------------------------------------------- reading an .npz
+def npz_problem(path):
+    """What is wrong with the arrays of the ``.npz`` file ``path``, in a sentence, or None.
+
+    Only the headers are read, before anything is allocated: an array that needs pickle (an
+    object array), or one whose header declares more bytes than its member holds (a damaged file
+    whose shape would ask NumPy for terabytes, a raw MemoryError) is named with its shape. A file
+    that is not a zip at all is left to the caller's own message (None)."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return None
+    with archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-len(".npy")]
+            try:
+                with archive.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        continue                        # a newer format: np.load reads it
+                    offset = f.tell()
+            except Exception as err:   # a damaged header: ValueError, zlib.error, EOFError, ...
+                return f"the array {name!r} has a damaged header ({type(err).__name__})"
+            if dtype.hasobject:
+                return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; tinymlp "
+                        "never unpickles: save plain numeric arrays (and text as a string array)")
+            declared = math.prod(shape) * dtype.itemsize
+            held = info.file_size - offset
+            if declared > held:
+                return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) but holds "
+                        f"{max(held, 0):,} bytes: the file is damaged or truncated")
+    return None

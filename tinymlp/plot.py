@@ -10,8 +10,10 @@
 Each function returns the ``matplotlib.figure.Figure`` and, given a ``path``, also saves it as
 a PNG. Figures are built with ``matplotlib.figure.Figure`` directly, not through ``pyplot``:
 no GUI backend is touched (it works on a server without a display) and pyplot keeps no
-reference to them, so nothing leaks when many are made. In Jupyter, a returned Figure
-displays as the cell's output.
+reference to them, so nothing leaks when many are made. In a Jupyter notebook they show as
+pyplot's figures do there, whether or not pyplot was imported: a figure a cell returns is its
+output, and one a cell only makes (``plot.graph(y); print(...)``, a loop, ``fig = ...``) is shown
+when the cell ends, each once (``NotebookFigure``).
 
 What the weight pictures show. A Mixer's token-mixing MLP reads each channel as a vector of
 S = gh * gw numbers, one per patch; the first layer's weight is (S, D_S), so column j is what
@@ -27,8 +29,11 @@ notes and the ``toeplitz`` option builds in.
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -36,15 +41,71 @@ from .backend import to_device
 from .files import atomic_write
 from .tensor import Tensor
 
-__all__ = ["confusion_matrix", "graph", "spatial_weights", "to_dot", "token_mixing_weights", "training_curves"]
+__all__ = ["confusion_matrix", "graph", "notebook_figure_class", "spatial_weights", "to_dot", "token_mixing_weights",
+           "training_curves"]
 
 _CMAP = "RdBu_r"     # diverging: negative blue, zero white, positive red
 
 
 def _figure(width, height):
+    fig = notebook_figure_class()(figsize=(width, height), layout="constrained")
+    _show_at_cell_end(fig)
+    return fig
+
+
+# ---------------------------------------------------------------------- in a notebook
+@functools.lru_cache(maxsize=1)
+def notebook_figure_class():
+    """``NotebookFigure``: a matplotlib Figure that displays itself as a PNG in IPython, through
+    ``_ipython_display_`` (which IPython asks before any formatter, so the picture appears once
+    whether or not pyplot's inline backend is active). Built on first use: importing tinymlp.plot
+    does not import matplotlib."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    class NotebookFigure(Figure):
+        def _ipython_display_(self):
+            from IPython.display import display
+
+            self._tinymlp_shown = True
+            display({"image/png": self._repr_png_(), "text/plain": repr(self)}, raw=True)
+
+        def _repr_png_(self):
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=self.dpi)
+            return buffer.getvalue()
+
+    NotebookFigure.__module__, NotebookFigure.__qualname__ = __name__, "NotebookFigure"
+    return NotebookFigure
+
+
+_MADE_IN_CELL = []          # figures made while a notebook cell runs: shown when it ends, unless shown already
+_HOOKED = set()             # the shells whose post_execute event shows them
+
+
+def _notebook_shell():
+    """The IPython kernel's shell when the code runs in a Jupyter notebook, else None."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if get is not None else None
+    return shell if type(shell).__name__ == "ZMQInteractiveShell" else None
+
+
+def _show_at_cell_end(fig):
+    shell = _notebook_shell()
+    if shell is None:
+        return
+    if id(shell) not in _HOOKED:
+        shell.events.register("post_execute", _show_made_in_cell)
+        _HOOKED.add(id(shell))
+    _MADE_IN_CELL.append(fig)
+
+
+def _show_made_in_cell():
+    figures = list(_MADE_IN_CELL)
+    _MADE_IN_CELL.clear()
+    for fig in figures:
+        if not getattr(fig, "_tinymlp_shown", False):
+            fig._ipython_display_()
 
 
 def _save(fig, path):

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from . import functional as F
 from .autograd import no_grad
 from .backend import array_module, parse_device, to_device
+from .data.loader import as_count, as_fraction
 from .optim import clip_grad_norm
 from .tensor import Tensor
 
@@ -76,8 +77,8 @@ class History:
     warmup_time: list = field(default_factory=list)
 
     OPTIONAL = ("warmup_time",)
-    """Fields that ``append`` and ``from_dict`` fill with None when left out (histories written
-    before they existed)."""
+    """Fields that ``append`` and ``from_dict`` fill with None when left out (a saved history
+    without them)."""
 
     def __len__(self) -> int:
         return len(self.epoch)
@@ -251,9 +252,12 @@ def evaluate(model, loader, limit_batches=None, loss_fn=F.cross_entropy, device=
 
     Runs in evaluation mode (dropout off) without building a graph, and puts the model back in
     the mode it was in. The mean is over images (batches weighted by their size). Returns
-    ``(loss, accuracy)`` as Python floats, accuracy in [0, 1]; one host sync at the end.
+    ``(loss, accuracy)`` as Python floats, accuracy in [0, 1]; one host sync at the end. A loader
+    that gives no batches is a ValueError (there is no mean of nothing).
     """
     device = parse_device(device) if device is not None else _model_device(model)
+    limit_batches = None if limit_batches is None else as_count(limit_batches, "evaluate: limit_batches")
+    _check_not_empty(loader, "evaluate", "loader")
     was_training = model.training
     model.eval()
     running = _Running()
@@ -266,8 +270,30 @@ def evaluate(model, loader, limit_batches=None, loss_fn=F.cross_entropy, device=
                 bar.update(1)
     finally:
         model.train(was_training)
+    if not running.count:
+        raise ValueError(f"evaluate: the loader gave no batches ({_describe(loader)}), so there is no loss to report")
     return running.read()
 
+
+def _describe(loader) -> str:
+    """What a loader holds, for the message that it gave no batches."""
+    try:
+        n, size = len(loader.dataset), loader.batch_size
+    except (AttributeError, TypeError):
+        return type(loader).__name__
+    drop = " and drop_last=True" if getattr(loader, "drop_last", False) else ""
+    return f"{n} examples, batch_size {size}{drop}"
+
+
+def _check_not_empty(loader, who, name):
+    """A loader whose len() is 0 gives no batches: refused before any work, naming it."""
+    try:
+        n = len(loader)
+    except TypeError:
+        return                      # no len(): checked once it has been iterated
+    if n == 0:
+        raise ValueError(f"{who}: {name} gives no batches ({_describe(loader)}); give it more examples or a "
+                         "smaller batch_size" + (" (or drop_last=False)" if getattr(loader, "drop_last", False) else ""))
 
 # ---------------------------------------------------------------------- fit
 def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=None, clip=None,
@@ -295,6 +321,10 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
       it is the dataset's test set); ``unit``: its word for one training example ("img" gives
       "img/s"; "samples" for text).
 
+    Counts (``epochs``, ``limit_batches``, ``sync_every``) are whole numbers: a float or a
+    boolean is a TypeError. A loader that gives no batches is a ValueError (before training when
+    its ``len()`` is 0), never a history of NaN or a callback run on nothing.
+
     A loss that becomes NaN or infinite stops training with a FloatingPointError that says
     when (it is noticed at the next read of the metrics). A validation loss that is NaN or
     infinite does not stop training (the model may still be learning): it is reported with a
@@ -306,11 +336,19 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
             f"fit: the model's parameters are on {_model_device(model)!r} but device={device!r}; "
             f"call model.to({device!r}) before building the optimizer"
         )
+    epochs = as_count(epochs, "fit: epochs", minimum=0)
+    start_epoch = as_count(start_epoch, "fit: start_epoch", minimum=0)
+    limit_batches = None if limit_batches is None else as_count(limit_batches, "fit: limit_batches")
+    sync_every = as_count(sync_every, "fit: sync_every")
+    if clip is not None:        # 0: no clipping
+        clip = as_fraction(clip, "fit: clip (the largest gradient norm)", 0.0, math.inf, high_ok=False) or None
+    _check_not_empty(train_loader, "fit", "train_loader")
+    if val_loader is not None:
+        _check_not_empty(val_loader, "fit", "val_loader")
     history = History() if history is None else history
     show = _progress_enabled(progress)
     steps = history.steps[-1] if history.steps else 0
     per_epoch = _num_batches(train_loader, limit_batches)
-    sync_every = max(1, int(sync_every))
 
     with _bar(show, desc="epochs", total=epochs, initial=start_epoch, unit="epoch") as epoch_bar:
         for epoch in range(start_epoch, epochs):
@@ -339,6 +377,9 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                     if i % sync_every == 0:
                         _show_running(bar, running, lr, epoch + 1, i)
                     bar.update(1)
+                if not running.count:
+                    raise ValueError(f"fit: train_loader gave no batches in epoch {epoch + 1} "
+                                     f"({_describe(train_loader)}): nothing was trained, no callback was run")
                 train_loss, train_acc = _check_finite(running.read(), epoch + 1, running.count)
             train_time = time.perf_counter() - started  # the read above waited for the device
             timed_images = running.count

@@ -28,7 +28,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import tinymlp
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import tinymlp
 from tinymlp import Function, F, no_grad, plot, tensor
 from tinymlp.autograd import unbroadcast
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 

@@ -23,7 +23,7 @@
 # `tinymlp.gradcheck`.
 #
 # **In tinymlp:** `tinymlp/ops/linear.py` and `tinymlp/ops/activation.py` hold the real ops
-# (with the same derivations in their docstrings); `tinymlp/gradcheck.py` is the checker.
+# (with the same derivations in their docstrings); `tinymlp/gradcheck/method.py` is the checker.
 
 # %%
 import math
@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 
 import tinymlp
 from tinymlp import F, Function, GradcheckError, array_module, gradcheck, tensor
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 
@@ -248,10 +248,10 @@ except RuntimeError as err:
 # numbers. `gradcheck` raises `GradcheckError`; its message is the full report.
 
 # %%
-w_square = tensor(rng.normal(size=(4, 4)), requires_grad=True, dtype="float64")
-b4 = tensor(rng.normal(size=4), requires_grad=True, dtype="float64")
+weight = tensor(rng.normal(size=(4, 4)), requires_grad=True, dtype="float64")    # square this time
+bias = tensor(rng.normal(size=4), requires_grad=True, dtype="float64")
 try:
-    gradcheck(bad_linear, (x, w_square, b4))
+    gradcheck(bad_linear, (x, weight, bias))
 except GradcheckError as err:
     caught = err
     print(str(err))
@@ -279,7 +279,9 @@ except GradcheckError as err:
 # 6. **`likely`**: the bug that usually produces that pattern (`W` vs `W.T`).
 # 7. **`trust`**: the numerical estimate was recomputed with steps 10x larger and smaller and
 #    did not move, so it is the *analytical* side (our backward) that is wrong, not the probe.
-# 8. **`reproduce`**: everything is seeded; this call gives the same report again.
+# 8. **`reproduce`**: everything is seeded; pasted into a cell, this call gives the same
+#    report again. It names the tensors as `bad_linear` names its parameters (`x`, `weight`,
+#    `bias`), which is why the cell above gave the square weight and its bias those names.
 #
 # The report is also data, for tests and for your own tools:
 

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 
 import tinymlp
 from tinymlp import F, Function, array_module, gradcheck, no_grad, tensor
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 

@@ -20,7 +20,7 @@
 # row-wise reduction).
 #
 # **Exercises:** 05.1 (softmax backward), 05.2 (softmax cross-entropy backward, derived from
-# log-sum-exp), 05.3 (attention backward: $dQ$, $dK$, $dV$), 05.4 (the rotation that shifts a
+# log-sum-exp), 05.3 (attention backward: the gradients of $Q$, $K$ and $V$), 05.4 (the rotation that shifts a
 # position encoding).
 #
 # **In tinymlp:** `tinymlp/ops/attention.py` (`softmax`, `attention`, each with its fused
@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt
 
 import tinymlp
 from tinymlp import F, Function, array_module, gradcheck, nn, no_grad, tensor
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 from tinymlp.data import SyntheticImages
 from tinymlp.models import sinusoidal_embedding
 
@@ -221,23 +221,28 @@ print("F.attention == softmax(Q K^T / sqrt(d)) V")
 # ### The backward pass of attention
 #
 # Walk the three lines of forward backwards, given $G = \partial\mathcal L/\partial O$
-# $(n, d_v)$. Each step is one we already know.
+# $(n, d_v)$. Each step is one we already know. Notation, as in lesson 3: a gradient is a $G$
+# subscripted with its variable, $G_P = \partial\mathcal L/\partial P$ (the code's `dp`); a
+# $d$ in front of a variable is a differential, a small change of it ($dQ$, $d\mathcal L$); and
+# $d$ on its own is the width of a query.
 #
 # 1. $O = PV$ is a matrix product (lesson 3): $\dfrac{\partial\mathcal L}{\partial V} = P^\top G$
-#    $(m, d_v)$ and $dP := \dfrac{\partial\mathcal L}{\partial P} = G V^\top$ $(n, m)$.
+#    $(m, d_v)$ and $G_P := \dfrac{\partial\mathcal L}{\partial P} = G V^\top$ $(n, m)$.
 # 2. $P = \operatorname{softmax}_\text{row}(S)$: row by row the softmax backward of section 1,
-#    $dS = P \odot \bigl(dP - \operatorname{rowsum}(dP \odot P)\bigr)$.
-# 3. $S = QK^\top/\sqrt d$ is a matrix product with a constant factor. With
-#    $dS$ in hand, $d\mathcal L = \langle dS, dQ\,K^\top\rangle/\sqrt d + \langle dS, Q\,dK^\top\rangle/\sqrt d$, so
+#    $G_S = P \odot \bigl(G_P - \operatorname{rowsum}(G_P \odot P)\bigr)$.
+# 3. $S = QK^\top/\sqrt d$ is a matrix product with a constant factor. With $G_S$ in hand, small
+#    changes $dQ$, $dK$ of the inputs change the loss by
+#    $d\mathcal L = \langle G_S, dQ\,K^\top\rangle/\sqrt d + \langle G_S, Q\,dK^\top\rangle/\sqrt d$, so
 #
-# $$\frac{\partial\mathcal L}{\partial Q} = \frac{1}{\sqrt d}\,dS\,K, \qquad
-#   \frac{\partial\mathcal L}{\partial K} = \frac{1}{\sqrt d}\,dS^\top Q, \qquad
+# $$\frac{\partial\mathcal L}{\partial Q} = \frac{1}{\sqrt d}\,G_S\,K, \qquad
+#   \frac{\partial\mathcal L}{\partial K} = \frac{1}{\sqrt d}\,G_S^\top Q, \qquad
 #   \frac{\partial\mathcal L}{\partial V} = P^\top G .$$
 #
-# The scale $1/\sqrt d$ enters $dQ$ and $dK$, exactly once each, and not $dV$ (V never meets
-# it). Shapes check the rest: $dS\,K$ is $(n, d)$ like $Q$, $dS^\top Q$ is $(m, d)$ like $K$.
+# The scale $1/\sqrt d$ enters the gradients of $Q$ and $K$, exactly once each, and not that of
+# $V$ (V never meets it). Shapes check the rest: $G_S\,K$ is $(n, d)$ like $Q$, $G_S^\top Q$ is
+# $(m, d)$ like $K$.
 # What to save: $Q$, $K$, $V$ and $P$ (recomputing $P$ would cost a second softmax). A
-# masked score has $P_{ij} = 0$, so its $dS_{ij} = 0$ too: masks need no extra code in backward.
+# masked score has $P_{ij} = 0$, so its $(G_S)_{ij} = 0$ too: masks need no extra code in backward.
 #
 # **Exercise 05.3.** Write `MyAttention.backward` for batched inputs $(\dots, n, d)$: use
 # `swapaxes(-1, -2)` for the transposes so that leading batch axes ride along. Then gradcheck
@@ -264,10 +269,10 @@ class MyAttention(Function):
         q, k, v, p = ctx.saved_tensors
         # BEGIN SOLUTION 05.3
         dv = p.swapaxes(-1, -2) @ grad                           # P^T G
-        dp = grad @ v.swapaxes(-1, -2)                           # G V^T
-        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))     # softmax backward, row by row
-        dq = (ds @ k) * ctx.scale                                # 1/sqrt(d) dS K
-        dk = (ds.swapaxes(-1, -2) @ q) * ctx.scale               # 1/sqrt(d) dS^T Q
+        dp = grad @ v.swapaxes(-1, -2)                           # G_P = G V^T
+        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))     # G_S: softmax backward, row by row
+        dq = (ds @ k) * ctx.scale                                # G_S K / sqrt(d)
+        dk = (ds.swapaxes(-1, -2) @ q) * ctx.scale               # G_S^T Q / sqrt(d)
         return dq, dk, dv
         # END SOLUTION
 
@@ -527,8 +532,9 @@ assert np.allclose(tokens_lib, ours, atol=1e-5)
 # - Cross-entropy is $\operatorname{LSE}(x) - x_y$, so its gradient is $p - e_y$ (over the batch
 #   mean, divided by $N$).
 # - Attention's backward is two matrix products around a softmax backward:
-#   $dV = P^\top G$, $dS = P\odot(dP - \operatorname{rowsum}(dP\odot P))$ with $dP = GV^\top$, and
-#   $dQ = dS\,K/\sqrt d$, $dK = dS^\top Q/\sqrt d$.
+#   $\partial\mathcal L/\partial V = P^\top G$, $G_S = P\odot(G_P - \operatorname{rowsum}(G_P\odot P))$
+#   with $G_P = GV^\top$, and $\partial\mathcal L/\partial Q = G_S\,K/\sqrt d$,
+#   $\partial\mathcal L/\partial K = G_S^\top Q/\sqrt d$.
 # - Attention is $\operatorname{softmax}(QK^\top/\sqrt d)\,V$; $\sqrt d$ keeps the softmax out of
 #   saturation; masks set forbidden weights to zero.
 # - Sinusoidal encodings turn a shift of position into a fixed rotation, so relative positions

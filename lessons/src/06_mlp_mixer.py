@@ -34,7 +34,7 @@ import tinymlp
 from tinymlp import F, nn, no_grad, optim, tensor
 from tinymlp.data import DataLoader, Normalize, SyntheticImages
 from tinymlp.models import MLP, MixerBlock, MLPMixer, ViTBlock
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 

@@ -50,7 +50,7 @@ from tinymlp.models import GMLP, GMLPBlock, num_parameters
 from tinymlp.optim import AdamW
 from tinymlp.plot import spatial_weights
 from tinymlp.train import fit
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 lesson_start = time.perf_counter()
@@ -138,9 +138,11 @@ assert ratio > 100
 # 2. **the bias**, broadcast over the channels (and shared by the batch): $\;db_i = \sum_{\text{batch}}\sum_c dF_{ic}$;
 # 3. **the spatial projection** $WN$, a matrix product over tokens (lesson 3):
 #    $\;dW = \sum_{\text{batch}} dF\,N^\top$ $(S\times S)$ and $dN = W^\top dF$;
-# 4. **the LayerNorm** (lesson 4), with $dN$ as its incoming gradient: $d\gamma = \sum dN\odot\hat N$,
-#    $d\beta = \sum dN$, and with $g = dN\odot\gamma$,
-#    $\;dZ_2 = r\,\bigl(g - \overline g - \hat N\,\overline{g\odot\hat N}\bigr)$ over the channels;
+# 4. **the LayerNorm** (lesson 4), with $dN$ as its incoming gradient. $\gamma$ and $\beta$ scale and
+#    shift every channel of every token of every sample, so their gradients sum over the batch and
+#    the tokens (axes 0 and 1), one number per channel: $d\gamma_c = \sum_{b,i} dN_{bic}\,\hat N_{bic}$,
+#    $d\beta_c = \sum_{b,i} dN_{bic}$. With $H = dN\odot\gamma$ (the gradient that reaches $\hat N$),
+#    $\;dZ_2 = r\,\bigl(H - \overline H - \hat N\,\overline{H\odot\hat N}\bigr)$, the means taken over the channels;
 # 5. **the split**: $dZ = [dZ_1, dZ_2]$, concatenated along the channels.
 #
 # $W^\top$ in step 3 is the transpose a spatial mixing always brings: token $j$ *sent* its
@@ -180,10 +182,10 @@ class MySGU(Function):
         dbias = df.sum(axis=(0, 2))                              # 2. the bias: over batch and channels
         dweight = xp.einsum("bic,bjc->ij", df, n)                # 3. dW = sum_b dF N^T
         dn = xp.einsum("ij,bic->bjc", weight, df)                #    dN = W^T dF
-        dgamma = (dn * n_hat).sum(axis=(0, 1))                   # 4. the LayerNorm
+        dgamma = (dn * n_hat).sum(axis=(0, 1))                   # 4. the LayerNorm: over batch and tokens
         dbeta = dn.sum(axis=(0, 1))
-        g = dn * gamma
-        dz2 = r * (g - g.mean(axis=-1, keepdims=True) - n_hat * (g * n_hat).mean(axis=-1, keepdims=True))
+        h = dn * gamma                                           #    H, the gradient reaching n_hat
+        dz2 = r * (h - h.mean(axis=-1, keepdims=True) - n_hat * (h * n_hat).mean(axis=-1, keepdims=True))
         return xp.concatenate([dz1, dz2], axis=-1), dweight, dbias, dgamma, dbeta   # 5. the split
         # END SOLUTION
 

@@ -39,7 +39,7 @@ import tinymlp
 from tinymlp import F, nn
 from tinymlp.models import GMLPBlock
 from tinymlp.optim import AdamW
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 lesson_start = time.perf_counter()
 

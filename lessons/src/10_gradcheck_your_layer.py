@@ -22,7 +22,7 @@
 # **Exercises:** 10.1 (RMSNorm backward), 10.2 (Swish backward), 10.3 (a layer of your own,
 # with its gradcheck).
 #
-# **In tinymlp:** `tinymlp/autograd.py` (the `Function` contract), `tinymlp/gradcheck.py` (the
+# **In tinymlp:** `tinymlp/autograd.py` (the `Function` contract), `tinymlp/gradcheck/method.py` (the
 # checker; its docstring section "Reading the report" is the reference for this lesson),
 # `tinymlp/ops/norm.py` (LayerNorm, whose backward is RMSNorm's plus one term), and
 # `tinymlp/testing.py` (`assert_grads`, the same check inside a pytest test).
@@ -36,7 +36,7 @@ import numpy as np
 import tinymlp
 from tinymlp import F, Function, GradcheckError, gradcheck, nn
 from tinymlp.backend import array_module
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 rng = np.random.default_rng(0)
 lesson_start = time.perf_counter()
@@ -132,9 +132,9 @@ print("forward matches the formula; every row of x-hat has rms 1:", np.round(rms
 
 # %%
 x = tinymlp.tensor(rng.standard_normal((3, 4, 6)), requires_grad=True)   # float32, promoted for the check
-g = tinymlp.tensor(rng.uniform(0.5, 1.5, 6), requires_grad=True)
+weight = tinymlp.tensor(rng.uniform(0.5, 1.5, 6), requires_grad=True)    # the gain g
 if rms_done:
-    report = gradcheck(rms_norm, (x, g))
+    report = gradcheck(rms_norm, (x, weight))
     print(report)
     assert report.passed
 else:
@@ -155,12 +155,18 @@ class RMSNormForgot(RMSNormFunction):
         dw = (grad * xh).reshape(-1, xh.shape[-1]).sum(axis=0)
         return dx, dw
 
+
+def rms_norm_forgot(x, weight):
+    return RMSNormForgot.apply(x, weight)
+
+
 try:
-    gradcheck(lambda x, weight: RMSNormForgot.apply(x, weight), (x, g))
+    gradcheck(rms_norm_forgot, (x, weight))
 except GradcheckError as err:
     print(err)
     failure = err.report
 assert failure.per_tensor["x"].verdict == "FAIL" and failure.per_tensor["weight"].verdict == "ok"
+assert failure.per_tensor["x"].hint_kind == "row_multiple" and "RMSNorm" in failure.per_tensor["x"].hint
 
 # %% [markdown]
 # How to read it, line by line:
@@ -176,17 +182,27 @@ assert failure.per_tensor["x"].verdict == "FAIL" and failure.per_tensor["weight"
 #   slip (those fail a few elements).
 # - **The worst elements** list index, numerical and analytical value: they are of similar
 #   size but unrelated, not off by a constant factor, so the formula is wrong, not its scale.
-# - **pattern** summarises what the failing elements have in common (here: all of them);
-#   when the ratio analytical/numerical is constant it says so, and a **likely** line names
-#   the usual cause (you will see one in a moment).
+# - **pattern** says what the failing elements have in common. Here: all of them fail, with no
+#   single ratio analytical/numerical; in every row (along axis 2, the normalised axis) the
+#   error analytical − numerical is that row of `x` times a number of its own, the shape a
+#   wrong term $\hat x_j \cdot (\dots)$ leaves; and forward is recognised as the RMSNorm of `x`
+#   (its output fits `x * r` times a gain per column).
+# - **likely** names the cause that pattern points to, in this op's own terms: the row term of
+#   RMSNorm's backward is off, so compare `r * (g - x_hat * mean(g * x_hat))` term by term, its
+#   `g` being the incoming gradient times the gain (our $H$). That is the formula of section 1;
+#   the report names it because forward *is* an RMSNorm: a layer the checker does not recognise
+#   gets the row structure without any op's formula.
+# - **from** names the backward that computed the wrong gradient: `RMSNormForgot.backward`.
 # - **trust** recomputes the numerical gradient with `eps` ten times larger and smaller: it
 #   did not move, so the numerical side is reliable and the analytical gradient is wrong.
-# - **reproduce** is the call that repeats the check exactly (everything is seeded).
+# - **reproduce** is the call that repeats the check exactly (everything is seeded); paste it
+#   into a cell to get the same report again.
 #
-# Back to the derivation: every element wrong, `weight` right, `x` wrong: the chain rule
-# through $r$ is the suspect, and it is the missing term. A second planted bug shows the
-# **likely** line at work: the gain's gradient averaged over the rows instead of summed
-# (the forward uses every row once, so their contributions add up).
+# Back to the derivation: every element wrong, `weight` right, `x` wrong, the error a multiple
+# of $\hat x$ in each row: the chain rule through $r$ is the suspect, and it is the missing term
+# $-r\,\hat x_j \operatorname{mean}(H \hat x)$. A second planted bug shows another kind of
+# **likely** line: the gain's gradient averaged over the rows instead of summed (the forward
+# uses every row once, so their contributions add up).
 
 # %%
 class RMSNormMeanGain(RMSNormFunction):
@@ -198,7 +214,12 @@ class RMSNormMeanGain(RMSNormFunction):
         dw = (grad * xh).reshape(-1, xh.shape[-1]).mean(axis=0)   # BUG: mean instead of sum
         return dx, dw
 
-report = gradcheck(lambda x, weight: RMSNormMeanGain.apply(x, weight), (x, g), raise_on_fail=False)
+
+def rms_norm_mean_gain(x, weight):
+    return RMSNormMeanGain.apply(x, weight)
+
+
+report = gradcheck(rms_norm_mean_gain, (x, weight), raise_on_fail=False)
 print(report)
 result = report.per_tensor["weight"]
 print("hint kind:", result.hint_kind)
@@ -252,10 +273,14 @@ class RMSNormNoGain(RMSNormFunction):
         dw = (grad * xh).reshape(-1, xh.shape[-1]).sum(axis=0)
         return dx, dw
 
-buggy = lambda x, weight: RMSNormNoGain.apply(x, weight)
+
+def rms_norm_no_gain(x, weight):
+    return RMSNormNoGain.apply(x, weight)
+
+
 ones = tinymlp.tensor(np.ones(6), requires_grad=True)
-at_ones = gradcheck(buggy, (x, ones), raise_on_fail=False)
-at_random = gradcheck(buggy, (x, g), raise_on_fail=False)
+at_ones = gradcheck(rms_norm_no_gain, (x, ones), raise_on_fail=False)
+at_random = gradcheck(rms_norm_no_gain, (x, weight), raise_on_fail=False)
 print("forgotten gain, checked at g = 1:     ", "passed" if at_ones.passed else "FAILED")
 print("forgotten gain, checked at random g:  ", "passed" if at_random.passed else "FAILED")
 assert at_ones.passed and not at_random.passed
@@ -373,12 +398,16 @@ class RMSNormUnbiased(RMSNormFunction):
         dw = (grad * xh).reshape(-1, D).sum(axis=0)
         return dx, dw
 
-subtle = lambda x, weight: RMSNormUnbiased.apply(x, weight)
-x64 = tinymlp.tensor(rng.standard_normal((4, 64)), requires_grad=True)
-g64 = tinymlp.tensor(rng.uniform(0.5, 1.5, 64), requires_grad=True)
 
-in_float32 = gradcheck(subtle, (x64, g64), dtype=None, raise_on_fail=False)
-in_float64 = gradcheck(subtle, (x64, g64), raise_on_fail=False)
+def rms_norm_unbiased(x, weight):
+    return RMSNormUnbiased.apply(x, weight)
+
+
+x = tinymlp.tensor(rng.standard_normal((4, 64)), requires_grad=True)       # new inputs: rows of D = 64, float32
+weight = tinymlp.tensor(rng.uniform(0.5, 1.5, 64), requires_grad=True)
+
+in_float32 = gradcheck(rms_norm_unbiased, (x, weight), dtype=None, raise_on_fail=False)
+in_float64 = gradcheck(rms_norm_unbiased, (x, weight), raise_on_fail=False)
 print(in_float32.summary())
 print()
 print(in_float64.summary())

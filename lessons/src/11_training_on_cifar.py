@@ -26,7 +26,7 @@
 # `loader.py`: `DataLoader`; `transforms.py`: crop, flip, normalise), `tinymlp/optim.py`
 # (`AdamW`, `param_groups`, `WarmupLinear`, `clip_grad_norm`), `tinymlp/train.py` (`fit`,
 # `evaluate`, `History`), `tinymlp/checkpoint.py`, `tinymlp/plot.py`, and
-# `examples/train_cifar_mixer.py` with `examples/_common.py`, the command-line version of this lesson.
+# `examples/train_cifar_mixer.py` with `examples/image_recipe.py`, the command-line version of this lesson.
 
 # %%
 import shutil

@@ -25,10 +25,11 @@
 # tokens and its backward), 12.3 (WordPiece's greedy longest-match cut of a word); 12.3 and 12.2
 # are in section 1, 12.1 in section 2.
 #
-# **In tinymlp:** `tinymlp/text.py` (`Tokenizer`), `tinymlp/ops/embedding.py` (`F.embedding`:
+# **In tinymlp:** `tinymlp/data/tokenizer.py` (`Tokenizer`), `tinymlp/ops/embedding.py` (`F.embedding`:
 # gather forward, scatter-add backward), `tinymlp/nn/embedding.py` (`Embedding`, `PositionEmbedding`,
-# `TiedLMHead`), `tinymlp/data/text.py` (the generated tasks, `TokenLoader`, `MaskedLMLoader`,
-# SST-2 and the sentence polarity data), `tinymlp/models/text.py` (`TextGMLP`).
+# `TiedLMHead`), `tinymlp/data/text_tasks.py` (the generated tasks), `tinymlp/data/text_loader.py`
+# (`TokenLoader`, `MaskedLMLoader`), `tinymlp/data/sentiment.py` (SST-2 and the sentence polarity
+# data), `tinymlp/models/text_gmlp.py` (`TextGMLP`).
 
 # %%
 import math
@@ -40,12 +41,12 @@ import numpy as np
 import tinymlp
 from tinymlp import F, gradcheck, nn
 from tinymlp.data import MaskedLMLoader, OrderTask, PairLookupTask, TokenDataset, TokenLoader
-from tinymlp.models.text import TextGMLP, text_num_parameters
+from tinymlp.data.tokenizer import Tokenizer
+from tinymlp.models import TextGMLP, num_parameters as text_num_parameters
 from tinymlp.ops.embedding import Embedding
 from tinymlp.optim import AdamW, param_groups
-from tinymlp.text import Tokenizer
 from tinymlp.train import fit
-from tinymlp.lessons import check, skipped   # one check per exercise (tinymlp/lessons/exercises.py)
+from tinymlp.lessons import check, skipped   # the checks: tinymlp/lessons/checks/, one file per lesson
 
 lesson_start = time.perf_counter()
 
@@ -78,7 +79,7 @@ print(tok.tokenize("The players were playing a funnier film!"))
 #
 # **Exercise 12.3.** Write that cut for one word: `wordpiece(word, vocab)` with `vocab` a set of
 # strings returns the list of pieces, the first one plain and the later ones starting with `##`,
-# or `["[UNK]"]`. `Tokenizer` does it in `_cut` (`tinymlp/text.py`); the check compares your
+# or `["[UNK]"]`. `Tokenizer` does it in `_cut` (`tinymlp/data/tokenizer.py`); the check compares your
 # function with it on many words, including single characters and a word that must become
 # `[UNK]`, and prints the first word on which the two disagree.
 

@@ -1,4 +1,5 @@
-"""Data for tinymlp: CIFAR-10/100, a generated image set, a DataLoader and batch augmentations.
+"""Data for tinymlp: images (CIFAR-10/100, a generated set, your own), text (a tokenizer, sentiment
+sets, generated tasks, your own), the loaders that batch them and the image augmentations.
 
     from tinymlp.data import CIFAR10, DataLoader, Compose, RandomCrop, HorizontalFlip, Normalize
 
@@ -11,23 +12,35 @@
 Without the network and without a copy of CIFAR, ``SyntheticImages`` is a drop-in
 replacement with the same shapes and interface. ``get_dataset(name, ...)`` picks one by name.
 
-Your own data: ``ImageFolder`` (root/train/<class>/*.png|jpg, needs Pillow) and ``load_npz``
+Your own data: ``ImageFolder`` (root/train/<class>/*.png|jpg or root/<class>/..., needs Pillow) and ``load_npz``
 (x_train, y_train, x_test, y_test) give ImageDatasets; ``read_text_table`` (a CSV/TSV file with
 a text and a label column) gives a TextDataset (``tinymlp.data.folder``, ``tinymlp.data.textfile``).
+
+Text (``get_text_dataset(name, ...)`` picks one by name):
+
+    train = SentencePolarity(train=True)                      # or SST2, or OrderTask(...) offline
+    tok = Tokenizer.train(train.corpus(), vocab_size=8000)
+    loader = TokenLoader(train.encode(tok, max_len=128), batch_size=32, shuffle=True, rng=0)
+
+One concept a module: ``archive`` (where data lives; download, checksum, bounded unpacking),
+``cifar``, ``synthetic``, ``folder`` (images); ``labels`` (the class and label rules every format
+shares, the held-out splits); ``loader`` (ImageDataset, DataLoader),
+``transforms``; ``tokenizer``, ``text_loader`` (TextDataset, TokenDataset, TokenLoader,
+MaskedLMLoader), ``sentiment`` (SentencePolarity, SST2), ``text_tasks`` (the generated tasks),
+``textfile`` (your own text).
 """
 
-from .cifar import (
-    ARCHIVES, CIFAR10, CIFAR10_MEAN, CIFAR10_STD, CIFAR100, CIFAR100_MEAN, CIFAR100_STD,
-    Archive, DatasetError, data_root,
-)
-from .folder import IMAGE_SUFFIXES, ImageFolder, held_out_split, load_npz
+from .archive import DatasetError, data_root
+from .cifar import ARCHIVES, CIFAR10, CIFAR10_MEAN, CIFAR10_STD, CIFAR100, CIFAR100_MEAN, CIFAR100_STD, Archive
+from .folder import IMAGE_SUFFIXES, ImageFolder, as_images, load_npz
+from .labels import check_class_names, held_out_split, number_labels
 from .loader import DataLoader, ImageDataset, channel_stats
+from .sentiment import SST2, TEXT_ARCHIVES, SentencePolarity, TextArchive
 from .synthetic import SyntheticImages
-from .text import (
-    TEXT_ARCHIVES, MaskedLMLoader, OrderTask, PairLookupTask, PairMatchTask, SentencePolarity, SST2, TextArchive,
-    TextDataset, TokenDataset, TokenLoader, get_text_dataset,
-)
+from .text_loader import MaskedLMLoader, TextDataset, TokenDataset, TokenLoader
+from .text_tasks import OrderTask, PairLookupTask, PairMatchTask
 from .textfile import read_lines, read_text_table, split_text_dataset
+from .tokenizer import Tokenizer
 from .transforms import (
     Compose, CutMix, HorizontalFlip, Mixup, Normalize, RandomCrop, Resize,
     cutmix, horizontal_flip, mixup, normalize, one_hot, random_crop, resize,
@@ -50,6 +63,20 @@ def get_dataset(name, train=True, root=None, download=True, **kwargs):
     return DATASETS[key](root=root, train=train, download=download, **kwargs)
 
 
+TEXT_DATASETS = {"polarity": SentencePolarity, "sst2": SST2, "order": OrderTask, "pairs": PairMatchTask,
+                 "lookup": PairLookupTask}
+
+
+def get_text_dataset(name, train=True, root=None, download=True, **kwargs):
+    """"polarity", "sst2" (``root``, ``download`` apply) or the generated "order", "pairs", "lookup"."""
+    key = str(name).lower().replace("-", "")
+    if key not in TEXT_DATASETS:
+        raise ValueError(f"unknown text dataset {name!r}: expected one of {sorted(TEXT_DATASETS)}")
+    if key in ("order", "pairs", "lookup"):
+        return TEXT_DATASETS[key](train=train, **kwargs)
+    return TEXT_DATASETS[key](root=root, train=train, download=download, **kwargs)
+
+
 __all__ = [
     "ARCHIVES", "Archive", "CIFAR10", "CIFAR100", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR100_MEAN",
     "CIFAR100_STD", "Compose", "CutMix", "DATASETS", "DataLoader", "DatasetError",
@@ -57,7 +84,8 @@ __all__ = [
     "channel_stats", "cutmix", "data_root", "get_dataset", "horizontal_flip", "mixup",
     "normalize", "one_hot", "random_crop", "resize",
     "MaskedLMLoader", "OrderTask", "PairLookupTask", "PairMatchTask", "SST2", "SentencePolarity", "TEXT_ARCHIVES",
-    "TextArchive", "TextDataset", "TokenDataset", "TokenLoader", "get_text_dataset",
-    "IMAGE_SUFFIXES", "ImageFolder", "held_out_split", "load_npz", "read_lines", "read_text_table",
+    "TEXT_DATASETS", "TextArchive", "TextDataset", "TokenDataset", "TokenLoader", "Tokenizer", "get_text_dataset",
+    "IMAGE_SUFFIXES", "ImageFolder", "as_images", "check_class_names", "held_out_split", "load_npz",
+    "number_labels", "read_lines", "read_text_table",
     "split_text_dataset",
 ]

@@ -8,19 +8,24 @@ Both give ``ImageDataset``s (uint8 (N, 3, size, size), int64 labels, ``classes``
 ``DataLoader`` and ``fit``, the same record as CIFAR's.
 
 **Folder layout** (torchvision's ImageFolder): ``root/train/<class>/<image>`` and
-``root/test/<class>/<image>``; the class names are the sub-folder names, sorted, and number the
-classes 0..K-1. Files whose suffix is not an image's (``IMAGE_SUFFIXES``) and hidden files are
-skipped; every class folder must hold at least one image, and ``test/`` must have the classes of
-``train/`` (``classes=``). Decoding needs Pillow (``pip install -e ".[images]"`` in the checkout);
+``root/test/<class>/<image>`` (and ``root/val/<class>/...``), or torchvision's own
+``root/<class>/<image>`` (``split=None``); the class names are the sub-folder names, sorted, and
+number the classes 0..K-1. Files whose suffix is not an image's (``IMAGE_SUFFIXES``) and hidden
+files are skipped; every class folder must hold at least one image, and ``test/`` must have the
+classes of ``train/`` (``classes=``). Decoding needs Pillow (``pip install -e ".[images]"`` in the checkout);
 each image becomes RGB (grey and palette images too; an alpha channel is dropped) and is resized
 to ``size`` x ``size`` with ``tinymlp.data.resize`` (bilinear; the aspect ratio is not kept).
 
 **npz layout**: arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` and optionally ``classes``
 (strings); images (N, H, W) grey, (N, H, W, C) as Keras and PIL store them, or (N, C, H, W), with
-C = 1 or 3, integer pixels in 0..255 or floats in [0, 1]; labels integers 0..K-1. Read without
-pickle. Without ``classes`` the names are "0", "1", ...
+C = 1 or 3, integer pixels in 0..255 or floats in [0, 1]; labels integers. Read without
+pickle. Without ``classes`` the labels are numbered as a CSV file's are: their distinct values,
+sorted, are the classes 0..K-1 and name them (labels 0..K-1 stay as they are, labels 1..3 become
+0..2 named "1".."3"); with ``classes`` the labels index it, and every class needs a training image.
 
-Every problem is one ``DatasetError`` that names the file (or folder) and what was expected.
+Both formats follow the class rules every format shares (``tinymlp.data.labels``): at least two
+classes, no two names that differ only in case. Every problem is one ``DatasetError`` that names
+the file (or folder) and what was expected.
 """
 
 from __future__ import annotations
@@ -30,11 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .cifar import DatasetError
-from .loader import ImageDataset
+from ..files import npz_problem
+from .archive import DatasetError
+from .labels import check_class_names, held_out_split, number_labels
+from .loader import ImageDataset, as_count
 from .transforms import resize
 
-__all__ = ["IMAGE_SUFFIXES", "ImageFolder", "held_out_split", "load_npz", "resize_images"]
+__all__ = ["IMAGE_SUFFIXES", "ImageFolder", "as_images", "has_class_folders", "held_out_split", "load_npz",
+           "read_image", "resize_images", "subset"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 PILLOW_MISSING = ('reading PNG/JPEG images needs Pillow, which is not installed: pip install -e ".[images]" '
@@ -52,6 +60,7 @@ def _pillow():
 
 def resize_images(images, size):
     """uint8 images (N, C, H, W) resized to ``size`` x ``size`` with ``resize`` (bilinear), as uint8."""
+    size = as_count(size, "resize_images: size")
     images = np.asarray(images)
     if images.shape[-2:] == (size, size):
         return np.ascontiguousarray(images, dtype=np.uint8)
@@ -77,6 +86,17 @@ def _image_files(folder: Path) -> list:
                   and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
+def has_class_folders(root) -> bool:
+    """Whether ``root`` holds images in sub-folders: torchvision's ``root/<class>/<image>`` layout."""
+    root = Path(root)
+    return root.is_dir() and any(_image_files(root / name) for name in class_folders(root))
+
+
+def read_image(path, size: int) -> np.ndarray:
+    """One image file as uint8 (3, size, size): RGB, resized bilinearly; DatasetError naming the file."""
+    return _decode(Path(path), as_count(size, "read_image: size"), _pillow())
+
+
 def _decode(path: Path, size: int, Image) -> np.ndarray:
     """One image file as uint8 (3, size, size); DatasetError naming the file when it cannot be read."""
     try:
@@ -89,7 +109,8 @@ def _decode(path: Path, size: int, Image) -> np.ndarray:
 
 
 class ImageFolder(ImageDataset):
-    """The images of ``root/split/<class>/``, resized to ``size`` x ``size``, as an ImageDataset.
+    """The images of ``root/split/<class>/`` (``split=None``: ``root/<class>/``), resized to
+    ``size`` x ``size``, as an ImageDataset.
 
     ``classes``: the expected class names (give the training split's to the test split: a test
     folder whose classes differ is refused). The per-channel ``mean``/``std`` are measured on
@@ -97,16 +118,18 @@ class ImageFolder(ImageDataset):
     """
 
     def __init__(self, root, split="train", size=32, classes=None):
+        size = as_count(size, "ImageFolder: size")
         root = Path(root)
-        folder = root / split
+        folder = root / split if split is not None else root
+        layout = f"{root}/{split}/<class>/<images>" if split is not None else f"{root}/<class>/<images>"
         if not root.is_dir():
-            raise DatasetError(f"{root}: no such folder (expected {root}/{split}/<class>/<images>)")
+            raise DatasetError(f"{root}: no such folder (expected {layout})")
         if not folder.is_dir():
             raise DatasetError(f"{root} has no {split}/ folder: expected {folder}/<class>/<images>, one "
-                               "sub-folder per class (as torchvision's ImageFolder)")
+                               f"sub-folder per class (or {root}/<class>/<images>, torchvision's ImageFolder layout)")
         names = class_folders(folder)
         if not names:
-            raise DatasetError(f"{folder} has no class folders: expected {folder}/<class>/<images>")
+            raise DatasetError(f"{folder} has no class folders: expected {layout}")
         if classes is not None and list(names) != list(classes):
             missing = [c for c in classes if c not in names]
             extra = [c for c in names if c not in classes]
@@ -114,7 +137,9 @@ class ImageFolder(ImageDataset):
                 f"missing {', '.join(missing)}" if missing else "",
                 f"not in the training classes: {', '.join(extra)}" if extra else "") if part)
             raise DatasetError(f"{folder}: its class folders differ from the training split's ({detail}); "
-                               "train/ and test/ need the same class folders")
+                               f"{split or 'the'} and train/ need the same class folders")
+        if classes is None:
+            check_class_names(names, f"{folder} (expected {layout})", "class folder")
         files, labels = [], []
         for label, name in enumerate(names):
             found = _image_files(folder / name)
@@ -131,64 +156,65 @@ class ImageFolder(ImageDataset):
         self.root, self.split, self.files = root, split, files
 
     def __repr__(self):
-        return f"ImageFolder({self.root / self.split}: {len(self)} images, {self.num_classes} classes)"
+        where = self.root / self.split if self.split is not None else self.root
+        return f"ImageFolder({where}: {len(self)} images, {self.num_classes} classes)"
 
 
-def held_out_split(labels, fraction=0.1, seed=0):
-    """(train indices, test indices): ``fraction`` of each class, chosen by ``seed``, held out.
-
-    Stratified as the polarity set's split: a class of n examples gives round(fraction n) of
-    them to the test part (none when n = 1, so that every class is trained on).
-    """
-    if not 0 < fraction < 1:
-        raise ValueError(f"held_out_split: fraction must be in (0, 1), got {fraction}")
-    labels = np.asarray(labels)
-    train, test = [], []
-    for k in np.unique(labels):
-        where = np.flatnonzero(labels == k)
-        order = np.random.default_rng([seed, int(k)]).permutation(len(where))
-        n_test = min(int(round(fraction * len(where))), len(where) - 1)
-        test.append(where[order[:n_test]])
-        train.append(where[order[n_test:]])
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
-
-
-def subset(dataset: ImageDataset, index) -> ImageDataset:
-    """The rows ``index`` of an ImageDataset, with its class names (statistics measured again)."""
-    return ImageDataset(dataset.images[index], dataset.labels[index], dataset.classes)
+def subset(dataset: ImageDataset, index, keep_stats=False) -> ImageDataset:
+    """The rows ``index`` of an ImageDataset, with its class names; its mean and std measured
+    again on those rows, or the dataset's own with ``keep_stats`` (CIFAR's published ones)."""
+    stats = (dataset.mean, dataset.std) if keep_stats else (None, None)
+    return ImageDataset(dataset.images[index], dataset.labels[index], dataset.classes, *stats)
 
 
 # --------------------------------------------------------------------------- arrays in an npz file
-def _images_from(array, key, path):
-    """(N, 3, H, W) uint8 from an npz array in one of the accepted layouts and dtypes."""
+def as_images(array, what="images"):
+    """(N, 3, H, W) uint8 from images in one of the accepted layouts and dtypes: (N, H, W) grey,
+    (N, H, W, C) as Keras and PIL store them, or (N, C, H, W), C = 1 or 3; integer pixels in
+    0..255 or floats in [0, 1]. A ValueError starting with ``what`` says what does not fit."""
     x = np.asarray(array)
     if x.ndim == 3:
         x = x[:, None]                                                     # grey (N, H, W)
     elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
         x = x.transpose(0, 3, 1, 2)                                        # NHWC -> NCHW
     elif not (x.ndim == 4 and x.shape[1] in (1, 3)):
-        raise DatasetError(f"{path}: {key} has shape {x.shape}; expected images (N, H, W), (N, H, W, C) or "
-                           "(N, C, H, W) with C = 1 or 3")
+        raise ValueError(f"{what} has shape {x.shape}; expected images (N, H, W), (N, H, W, C) or "
+                         "(N, C, H, W) with C = 1 or 3")
     if len(x) == 0:
-        raise DatasetError(f"{path}: {key} holds no images")
+        raise ValueError(f"{what} holds no images")
     if x.dtype == np.uint8:
         pass
-    elif np.issubdtype(x.dtype, np.integer):
+    elif x.dtype != np.bool_ and np.issubdtype(x.dtype, np.integer):
         lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi > 255:
-            raise DatasetError(f"{path}: {key} is {x.dtype} with values in [{lo}, {hi}]; expected pixels 0..255")
+            raise ValueError(f"{what} is {x.dtype} with values in [{lo}, {hi}]; expected pixels 0..255")
         x = x.astype(np.uint8)
     elif np.issubdtype(x.dtype, np.floating):
+        finite = np.isfinite(x)
+        if not finite.all():
+            bad = ~finite
+            kinds = " and ".join(name for name, found in (("NaN", np.isnan(x).any()), ("inf", np.isinf(x).any()))
+                                 if found)
+            first = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
+            raise ValueError(f"{what} holds {kinds} ({int(bad.sum()):,} values, the first in image {first}); "
+                             "expected floats in [0, 1] (or uint8 pixels 0..255)")
         lo, hi = float(x.min()), float(x.max())
-        if not (np.isfinite(lo) and np.isfinite(hi) and lo >= 0 and hi <= 1):
-            raise DatasetError(f"{path}: {key} is {x.dtype} with values in [{lo:g}, {hi:g}]; expected floats in "
-                               "[0, 1] (or uint8 pixels 0..255)")
+        if lo < 0 or hi > 1:
+            raise ValueError(f"{what} is {x.dtype} with values in [{lo:g}, {hi:g}]; expected floats in "
+                             "[0, 1] (or uint8 pixels 0..255)")
         x = np.rint(x * 255).astype(np.uint8)
     else:
-        raise DatasetError(f"{path}: {key} has dtype {x.dtype}; expected uint8 pixels (or floats in [0, 1])")
+        raise ValueError(f"{what} has dtype {x.dtype}; expected uint8 pixels (or floats in [0, 1])")
     if x.shape[1] == 1:
         x = np.repeat(x, 3, axis=1)                                        # grey -> RGB
     return x
+
+
+def _images_from(array, key, path):
+    try:
+        return as_images(array, f"{path}: {key}")
+    except ValueError as err:
+        raise DatasetError(str(err)) from None
 
 
 def _labels_from(array, key, path, n):
@@ -197,14 +223,30 @@ def _labels_from(array, key, path, n):
         y = y[:, 0]
     if y.shape != (n,):
         raise DatasetError(f"{path}: {key} has shape {y.shape}; expected ({n},), one label per image")
-    if not np.issubdtype(y.dtype, np.integer):
+    if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer):
         if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
             y = y.astype(np.int64)
         else:
-            raise DatasetError(f"{path}: {key} has dtype {y.dtype}; expected integer class ids 0..K-1")
-    if y.min() < 0:
-        raise DatasetError(f"{path}: {key} holds the label {int(y.min())}; expected class ids 0..K-1")
+            nan = " and holds NaN" if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any() else ""
+            raise DatasetError(f"{path}: {key} has dtype {y.dtype}{nan}; expected integer class labels")
     return y.astype(np.int64)
+
+
+def _named_labels(arrays, y_train, y_test, path):
+    """(classes, y_train, y_test) when the file names its classes: the labels index them."""
+    classes = [str(c) for c in np.asarray(arrays["classes"]).ravel()]
+    check_class_names(classes, f"{path}: classes", "class name")
+    for key, y in (("y_train", y_train), ("y_test", y_test)):
+        bad = y[(y < 0) | (y >= len(classes))]
+        if bad.size:
+            raise DatasetError(f"{path}: {key} holds the label {int(bad[0])}, which names no class: classes holds "
+                               f"{len(classes)} names (labels 0..{len(classes) - 1})")
+    counts = np.bincount(y_train, minlength=len(classes))
+    if not counts.all():
+        k = int(np.flatnonzero(counts == 0)[0])
+        raise DatasetError(f"{path}: the class {classes[k]!r} (label {k}) has no image in y_train; every class "
+                           "needs training images (or leave it out of classes)")
+    return classes, y_train, y_test
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -212,12 +254,16 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 def load_npz(path, size=32):
     """(train, test) ImageDatasets from ``x_train, y_train, x_test, y_test`` (and ``classes``)."""
+    size = as_count(size, "load_npz: size")
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file (expected an .npz with arrays {', '.join(NPZ_KEYS)})")
     if not zipfile.is_zipfile(path):
         raise DatasetError(f"{path}: not an .npz file (a zip of arrays, as numpy.savez writes; expected arrays "
                            f"{', '.join(NPZ_KEYS)})")
+    problem = npz_problem(path)
+    if problem is not None:
+        raise DatasetError(f"{path}: {problem}")
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in NPZ_KEYS if k not in npz.files]
@@ -239,11 +285,9 @@ def load_npz(path, size=32):
     y_train = _labels_from(arrays["y_train"], "y_train", path, len(x_train))
     y_test = _labels_from(arrays["y_test"], "y_test", path, len(x_test))
     if "classes" in arrays:
-        classes = [str(c) for c in np.asarray(arrays["classes"]).ravel()]
-        top = int(max(y_train.max(), y_test.max()))
-        if top >= len(classes):
-            raise DatasetError(f"{path}: the label {top} has no name: classes holds {len(classes)} names")
-    else:
-        classes = [str(k) for k in range(int(max(y_train.max(), y_test.max())) + 1)]
+        classes, y_train, y_test = _named_labels(arrays, y_train, y_test, path)
+    else:       # numbered as a CSV file's labels are: their distinct values, sorted
+        classes, y_train = number_labels(y_train.tolist(), f"{path}: y_train")
+        _, y_test = number_labels(y_test.tolist(), f"{path}: y_test", classes)
     return (ImageDataset(resize_images(x_train, size), y_train, classes),
             ImageDataset(resize_images(x_test, size), y_test, classes))

@@ -21,7 +21,32 @@ import numpy as np
 from ..backend import module_for_device, parse_device, to_device
 from ..tensor import Tensor
 
-__all__ = ["DataLoader", "ImageDataset", "channel_stats", "check_range"]
+__all__ = ["DataLoader", "ImageDataset", "as_count", "as_fraction", "channel_stats", "check_range"]
+
+
+def as_count(value, what, minimum=1) -> int:
+    """``value`` as an int: a count (a batch size, a number of images, a size in pixels) is a whole
+    number, so a float (2.9, even 3.0), a boolean or a string is refused with a TypeError naming
+    ``what``, as PyTorch's DataLoader refuses them; below ``minimum``, a ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be a whole number (a count), got {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def as_fraction(value, what, low=0.0, high=1.0, low_ok=True, high_ok=True) -> float:
+    """``value`` as a float in the interval from ``low`` to ``high`` (each end included when its
+    ``_ok``): a probability, a share, a mixing weight. Anything else is a ValueError (a TypeError
+    for a non-number or a boolean) naming ``what`` and the interval."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    inside = ((low < value or (low_ok and value == low)) and (value < high or (high_ok and value == high)))
+    if not inside:
+        interval = f"{'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+        raise ValueError(f"{what} must be in {interval}, got {value:g}")
+    return value
 
 
 def check_range(loader, what, values, high, rows, fix):
@@ -118,10 +143,8 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size, shuffle=False, drop_last=False, rng=None,
                  transform=None, device="cpu"):
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dataset = dataset
-        self.batch_size = int(batch_size)
+        self.batch_size = as_count(batch_size, "DataLoader: batch_size")
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loader import ImageDataset
+from .loader import ImageDataset, as_count, as_fraction
 
 __all__ = ["SyntheticImages"]
 
@@ -108,8 +108,10 @@ class SyntheticImages(ImageDataset):
     """
 
     def __init__(self, num_images=10_000, seed=0, train=True, noise=0.15):
-        rng = np.random.default_rng([int(seed), 0 if train else 1])
-        n = int(num_images)
+        n = as_count(num_images, "SyntheticImages: num_images")
+        seed = as_count(seed, "SyntheticImages: seed", minimum=0)
+        noise = as_fraction(noise, "SyntheticImages: noise", 0.0, 1.0)
+        rng = np.random.default_rng([seed, 0 if train else 1])
         labels = rng.permutation(np.arange(n) % NUM_CLASSES)
 
         # where the markers go: a placement drawn uniformly among those of the image's class

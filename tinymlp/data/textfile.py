@@ -15,11 +15,12 @@ comma-separated otherwise; CSV quoting rules apply to comma-separated files (a t
 or line breaks sits inside double quotes), while a TSV's quotes are ordinary characters (as in
 GLUE's files). Empty lines are skipped.
 
-Labels: the distinct values of the label column, sorted (as numbers when every one is an
-integer), are the classes, numbered 0..K-1, and their text is kept as the class names:
-labels 0/1 stay 0/1; "neg"/"pos" become 0/1 named "neg"/"pos"; 1..5 stars become 0..4 named
-"1".."5". A test file is read with the training file's ``classes``: a label the training file
-does not have is refused.
+Labels follow the rules every format shares (``tinymlp.data.labels``): the distinct values of
+the label column, sorted (as numbers when every one is an integer), are the classes, numbered
+0..K-1, and their text is kept as the class names: labels 0/1 stay 0/1; "neg"/"pos" become 0/1
+named "neg"/"pos"; 1..5 stars become 0..4 named "1".."5". One class, or two labels that differ
+only in case ("Food", "food"), are refused. A test file is read with the training file's
+``classes``: a label the training file does not have is refused.
 
 Every problem is one ``DatasetError`` naming the file, and the line and column where it has one.
 """
@@ -32,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .cifar import DatasetError
-from .folder import held_out_split
-from .text import TextDataset
+from .archive import DatasetError
+from .labels import held_out_split, number_labels
+from .text_loader import TextDataset
 
-__all__ = ["read_lines", "read_text_table", "split_text_dataset"]
+__all__ = ["numbered_lines", "read_lines", "read_text_table", "split_text_dataset"]
 
 
 def _read_text(path) -> str:
@@ -56,8 +57,13 @@ def _read_text(path) -> str:
 
 def read_lines(path) -> list:
     """The non-empty lines of a UTF-8 text file, stripped: one text a line (masked-LM pretraining)."""
-    lines = [line.strip() for line in _read_text(path).splitlines()]
-    return [line for line in lines if line]
+    return [line for _, line in numbered_lines(path)]
+
+
+def numbered_lines(path) -> list:
+    """(line number counted from 1, text) of each non-empty line of a UTF-8 text file, stripped."""
+    lines = [(n, line.strip()) for n, line in enumerate(_read_text(path).splitlines(), start=1)]
+    return [(n, line) for n, line in lines if line]
 
 
 def _delimiter(path: Path, header: str) -> str:
@@ -75,15 +81,6 @@ def _column(header, name, path, flag):
     if name.strip() in stripped:
         return stripped.index(name.strip())
     raise DatasetError(f"{path}: no column {name!r} ({flag}); its header has {', '.join(map(repr, header))}")
-
-
-def _label_order(values):
-    """The classes: distinct label strings, sorted as integers when they all are, else as text."""
-    distinct = set(values)
-    try:
-        return sorted(distinct, key=int)
-    except ValueError:
-        return sorted(distinct)
 
 
 def read_text_table(path, text_column="text", label_column="label", pair_column=None, classes=None,
@@ -133,32 +130,22 @@ def read_text_table(path, text_column="text", label_column="label", pair_column=
     if not label_column:
         ids, classes = np.zeros(len(texts), dtype=np.int64), ()
     else:
-        if classes is None:
-            classes = _label_order(labels)
-            if len(classes) < 2:
-                raise DatasetError(f"{path}: every row has the label {classes[0]!r} ({label_column!r}); a "
-                                   "classifier needs at least two classes")
-        classes = [str(c) for c in classes]
-        number = {c: k for k, c in enumerate(classes)}
-        ids = np.empty(len(labels), dtype=np.int64)
-        for i, label in enumerate(labels):
-            if label not in number:
-                raise DatasetError(f"{path}: the label {label!r} (column {label_column!r}) is not a class of the "
-                                   f"training data ({', '.join(classes)})")
-            ids[i] = number[label]
+        classes, ids = number_labels(labels, f"{path} (column {label_column!r})", classes)
     return TextDataset(texts, ids, classes, pairs=pairs if pair_column else None, name=name or path.name)
 
 
-def split_text_dataset(dataset: TextDataset, test_fraction=0.1, seed=0):
-    """(train, test): ``test_fraction`` of each class held out, chosen by ``seed`` (stratified)."""
-    train_index, test_index = held_out_split(dataset.labels, test_fraction, seed)
-    if len(test_index) == 0:
+def split_text_dataset(dataset: TextDataset, test_fraction=0.1, seed=0, held_out="test"):
+    """(kept, held out): ``test_fraction`` of each class held out, chosen by ``seed`` (stratified);
+    ``held_out`` names the held-out part ("test", "validation") in its name and in the errors."""
+    keep_index, held_index = held_out_split(dataset.labels, test_fraction, seed)
+    if len(held_index) == 0:
         raise DatasetError(f"{dataset.name}: too few rows to hold {test_fraction:g} of each class out for "
-                           "testing; give a test file")
+                           f"{held_out}; " + ("give a test file" if held_out == "test" else
+                                              "give more rows, or pass --val-fraction 0"))
 
     def part(index, suffix):
         pairs = None if dataset.pairs is None else [dataset.pairs[i] for i in index]
         return TextDataset([dataset.texts[i] for i in index], dataset.labels[index], dataset.classes,
                            pairs=pairs, name=f"{dataset.name} ({suffix})")
 
-    return part(train_index, "train"), part(test_index, f"held-out {test_fraction:g}")
+    return part(keep_index, "train"), part(held_index, f"held-out {test_fraction:g}, {held_out}")

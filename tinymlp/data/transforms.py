@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ..backend import array_module, device_constant
+from .loader import as_count, as_fraction
 
 __all__ = [
     "CutMix", "Compose", "HorizontalFlip", "Mixup", "Normalize", "RandomCrop", "Resize",
@@ -181,7 +182,7 @@ class RandomCrop:
     """Random shift by up to ``pad`` pixels with zero padding (see ``random_crop``)."""
 
     def __init__(self, pad=4):
-        self.pad = int(pad)
+        self.pad = as_count(pad, "RandomCrop: pad", minimum=0)
 
     def __call__(self, images, labels, rng):
         return random_crop(images, self.pad, rng), labels
@@ -194,7 +195,7 @@ class HorizontalFlip:
     """Left-right mirror with probability ``p`` per image."""
 
     def __init__(self, p=0.5):
-        self.p = float(p)
+        self.p = as_fraction(p, "HorizontalFlip: p")
 
     def __call__(self, images, labels, rng):
         return horizontal_flip(images, rng, self.p), labels
@@ -224,7 +225,8 @@ class Resize:
     """Bilinear resize to ``size`` (e.g. CIFAR's 32 x 32 up to a pretrained model's 224 x 224)."""
 
     def __init__(self, size):
-        self.size = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+        sizes = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        self.size = tuple(as_count(s, "Resize: size") for s in sizes)
 
     def __call__(self, images, labels, rng):
         return resize(images, self.size), labels
@@ -237,8 +239,8 @@ class Mixup:
     """Mixup with Beta(alpha, alpha) weights; labels become soft targets (B, num_classes)."""
 
     def __init__(self, alpha, num_classes):
-        self.alpha = float(alpha)
-        self.num_classes = int(num_classes)
+        self.alpha = as_fraction(alpha, f"{type(self).__name__}: alpha", 0.0, float("inf"), low_ok=False, high_ok=False)
+        self.num_classes = as_count(num_classes, f"{type(self).__name__}: num_classes", minimum=2)
 
     def __call__(self, images, labels, rng):
         return mixup(images, labels, self.alpha, self.num_classes, rng)
@@ -251,8 +253,8 @@ class CutMix:
     """CutMix with Beta(alpha, alpha) box sizes; labels become soft targets (B, num_classes)."""
 
     def __init__(self, alpha, num_classes):
-        self.alpha = float(alpha)
-        self.num_classes = int(num_classes)
+        self.alpha = as_fraction(alpha, f"{type(self).__name__}: alpha", 0.0, float("inf"), low_ok=False, high_ok=False)
+        self.num_classes = as_count(num_classes, f"{type(self).__name__}: num_classes", minimum=2)
 
     def __call__(self, images, labels, rng):
         return cutmix(images, labels, self.alpha, self.num_classes, rng)

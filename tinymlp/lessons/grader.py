@@ -4,44 +4,48 @@
     python -m tinymlp.lessons --json submissions/*/*.ipynb > grades.json  # or --csv
     python -m tinymlp.lessons --gradescope -o /autograder/results/results.json submission/*.ipynb
 
-(``python lessons/checks.py`` is the same command.) For each notebook the grader
+(``python lessons/checks.py`` is the same command.) First the students and lessons are decided
+from the submission folders, the roster and the file names (``identity.py``). Then for each
+notebook the grader
 
 1. runs it from top to bottom in a fresh kernel (nbclient; a cell that raises does not stop
    the rest), to report the cells that raise and what the notebook's own checks printed;
-2. grades each exercise of its lesson in a fresh worker process (``worker.py``): the answer's
-   code is read from the notebook (``notebook.py``), and the check runs there on the public
-   case and on a hidden one (the grader's seed, other shapes), with the library code that would
-   do the exercise made unavailable (``guard.py``).
+2. grades each exercise of its lesson: the program that defines the answer is read from the
+   notebook (``notebook.py``) and scanned (``scan.py``); it runs in a process of its own
+   (``worker.py``), confined and with the library code of the exercise unavailable, which only
+   computes the answer's outputs and gradients on inputs the grader sends. The inputs, the
+   references, the hidden case's seed, the comparisons, the cost and the grade stay in this
+   process, which never runs or imports the student's code (``remote.py``).
+
+Last, the answers are compared with each other, with the worked notebooks and with the
+library's code (``similarity.py``), and copies are flagged for the instructor.
 
 Nothing the notebook prints or changes in its kernel enters a grade: a notebook whose output
 says ``passed`` for an exercise the grader fails is marked, for the instructor to look at.
-
-The student is the notebook's folder (``submissions/alice/04_layernorm.ipynb`` is alice's),
-or the name in the notebook's metadata (``"student": "Alice Martin"``); the lesson is the
-first two digits of the file name (or ``metadata.tinymlp.lesson``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import os
 import pathlib
 import re
 import secrets
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from . import reports, scan, similarity
+from .identity import Submission, assign, inside, read_roster
+from .notebook import Notebook
 from .registry import EXERCISES
-from .runner import FAILED, NOT_DONE, PASSED
+from .remote import AnswerProcess, AnswerTimeout, ChannelError, RemoteError
+from .runner import FAILED, NOT_DONE, PASSED, not_done, reason_of, run_check
 
 LINE = re.compile(r"^exercise (?P<id>\d\d\.\d+) (?P<title>.*): (?P<status>passed|not done yet|FAILED)")
 THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent  # the checkout: lessons/ holds the worked notebooks
+STATUS = {PASSED: "passed", FAILED: "FAILED", NOT_DONE: "not done"}
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Row:
     section: str = ""  # where the lesson teaches it
     reference: str = ""  # the library file that implements the same thing
     notebook_said: str = ""  # what the notebook's own check printed ("" if it printed nothing)
+    flags: list = field(default_factory=list)  # for the instructor: copies, number types, finite differences
     seconds: float = 0.0
 
 
@@ -78,10 +83,12 @@ class Graded:
     executed: bool = False
     notebook: object = None  # the executed notebook, when it was run
     outputs: str = ""  # everything the notebook printed (for the test suite and for debugging)
+    refused: str = ""  # why it was not graded
+    answers: list = field(default_factory=list)  # what the student wrote, per exercise (similarity.Answer)
 
     @property
     def passed(self) -> bool:
-        return not self.errors and all(r.status == "passed" for r in self.rows)
+        return not self.refused and not self.errors and all(r.status == "passed" for r in self.rows)
 
 
 # ------------------------------------------------------------------------------ running a notebook
@@ -93,10 +100,6 @@ def thread_env(env=None) -> dict:
     for var in THREADS:
         env.setdefault(var, "1")
     return env
-
-
-def _package_path() -> str:
-    return str(pathlib.Path(__file__).resolve().parent.parent.parent)
 
 
 @dataclass
@@ -114,7 +117,8 @@ def execute(path, timeout=600, kernel_name="python3") -> Execution:
     """Run a notebook top to bottom in a fresh kernel (a cell that raises does not stop the rest).
 
     The kernel imports the tinymlp this grader belongs to (a PYTHONPATH already set comes
-    first) and uses one BLAS thread (``thread_env``).
+    first) and uses one BLAS thread (``thread_env``). A cell that runs past ``timeout`` seconds
+    is named with its first line.
     """
     import nbclient
     import nbformat
@@ -123,17 +127,25 @@ def execute(path, timeout=600, kernel_name="python3") -> Execution:
     nb = nbformat.read(path, as_version=4)
     saved = dict(os.environ)
     os.environ.update(thread_env())
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [_package_path()]
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    errors, start = [], time.perf_counter()
+    errors, start, current, stopped = [], time.perf_counter(), {}, None
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
                                      resources={"metadata": {"path": str(path.parent.resolve())}})
+    client.on_cell_start = lambda cell, cell_index: current.update(cell=cell, index=cell_index)
     try:
         client.execute()
-    except Exception as err:  # noqa: BLE001: a timeout or a dead kernel is a result, not a crash
-        last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
-        errors.append(f"{type(err).__name__}: {last}")
+    except Exception as err:  # noqa: BLE001 (a timeout or a dead kernel is a result, not a crash)
+        cell = current.get("cell")
+        first = next((line for line in (cell.source if cell else "").splitlines() if line.strip()), "")
+        where = f"cell {current['index'] + 1} ({first.strip()[:80]})" if cell is not None else "the notebook"
+        if isinstance(err, TimeoutError):
+            errors.append(f"{where} did not finish in {timeout} s (CellTimeoutError)")
+            stopped = current.get("index")
+        else:
+            last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+            errors.append(f"{where}: {type(err).__name__}: {last}")
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -143,7 +155,8 @@ def execute(path, timeout=600, kernel_name="python3") -> Execution:
         if cell.cell_type != "code":
             continue
         for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
+            interrupted = i - 1 == stopped and output.get("ename") == "KeyboardInterrupt"  # by the timeout
+            if output.get("output_type") == "error" and not interrupted:
                 errors.append(f"cell {i}: {output.get('ename')}: {output.get('evalue')}")
             text = _text_of(output)
             texts.append(text)
@@ -163,80 +176,93 @@ def _text_of(output) -> str:
 
 
 # ------------------------------------------------------------------------------ grading an answer
+def _result(status, details, **more):
+    return {"status": status, "details": details, "reason": reason_of(details), "reproduce": "", **more}
+
+
+def grade_answer(nb, ex, seeds, timeout=120) -> dict:
+    """One exercise of one notebook (a ``Notebook``): its answer run in a process of its own, the
+    check run here on the public case and the hidden ones; the result as a dict."""
+    program = nb.program(ex.id, ex.answer)
+    base = {"answer": program.answer, "program": program, "flags": scan.flags(program, ex)}
+    unplaced = scan.unplaced(program)
+    if not program.found and unplaced:
+        return {**_result(FAILED, "\n".join(unplaced)), **base}
+    if not program.found:
+        details = (f"the notebook defines no {program.answer} (the answer to exercise {ex.id})"
+                   + (f"; cells with a syntax error: {'; '.join(nb.syntax_errors)}" if nb.syntax_errors else ""))
+        return {**_result(NOT_DONE, details), **base}
+    problems = scan.refusals(program, ex)
+    if problems:
+        return {**_result(FAILED, "\n".join(problems)), **base}
+    try:
+        with AnswerProcess(program.job(ex, nb.label), timeout) as proc:
+            first = proc.first
+            if "error" in first:
+                error = first["error"] if isinstance(first["error"], dict) else {}
+                if error.get("not_done"):
+                    result = not_done(ex, error["not_done"])
+                    return {**_result(NOT_DONE, result.details), "needs": result.needs, **base}
+                text = str(error.get("text", ""))
+                if not error.get("forbidden"):
+                    text = "the code that defines the answer raised " + text
+                return {**_result(FAILED, text), **base}
+            checked = run_check(ex.id, first.get("answer"), seeds=tuple(seeds), answer_text=program.answer,
+                                remote=proc)
+    except (AnswerTimeout, ChannelError, RemoteError) as err:
+        return {**_result(FAILED, getattr(err, "details", None) or str(err)), **base}
+    details, note = checked.details, scan.own_apply(program)
+    if checked.status == FAILED and note:
+        details = f"{details.rstrip()}\n{note}"
+    return {"status": checked.status, "details": details, "reason": checked.reason,
+            "reproduce": checked.reproduce, "seed": checked.seed, "needs": checked.needs, **base}
+
+
 def grade_exercise(path, label, ex_id, seeds, timeout=120) -> dict:
-    """One exercise of one notebook, graded by a worker process (see worker.py)."""
-    read, write = os.pipe()
-    nonce = secrets.token_hex(16)
-    job = {"notebook": str(pathlib.Path(path).resolve()), "label": label, "exercise": ex_id,
-           "seeds": list(seeds), "fd": write, "nonce": nonce}
-    env = thread_env()
-    env["PYTHONPATH"] = os.pathsep.join([_package_path()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.setdefault("TINYMLP_NUMBA", "0")  # the checks' arrays are tiny: no compiled kernels to load
-    env.setdefault("MPLBACKEND", "Agg")
-    with tempfile.TemporaryDirectory(prefix="tinymlp-grade-") as cwd:
-        proc = subprocess.Popen([sys.executable, "-m", "tinymlp.lessons.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=(write,),
-                                cwd=cwd, env=env, text=True)
-        os.close(write)
-        try:
-            _, stderr = proc.communicate(json.dumps(job) + "\n", timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, stderr = proc.communicate()
-            timed_out = True
-        with os.fdopen(read, "rb") as pipe:
-            lines = pipe.read().decode(errors="replace").splitlines()
-    if timed_out:
-        return _failure(f"the check did not finish in {timeout} s: an endless loop in the answer, or an answer "
-                        "far slower than its formula")
-    results = []
-    for line in lines:
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            return _failure("the grading process received output it did not write: the answer writes to the "
-                            "grader's channel")
-        results.append(item)
-    if len(results) != 1 or results[0].get("nonce") != nonce:
-        if not results:
-            tail = (stderr or "").strip().splitlines()[-1:] or [""]
-            return _failure(f"the grading process ended without a result (exit status {proc.returncode}): the "
-                            f"answer ended it or crashed it {('(' + tail[0][:200] + ')') if tail[0] else ''}".strip())
-        return _failure("the grading process received more than one result: the answer writes to the grader's channel")
-    results[0].pop("nonce")
-    return results[0]
+    """One exercise of the notebook at ``path`` (``label`` names it in messages); see ``grade_answer``."""
+    from . import checks  # noqa: F401 (registers the checks)
+
+    return grade_answer(Notebook(path, label), EXERCISES[ex_id], seeds, timeout)
 
 
-def _failure(details):
-    return {"status": FAILED, "details": details, "reason": details, "reproduce": ""}
-
-
-def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_timeout=120) -> Graded:
+def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_timeout=120,
+                   submission: Submission | None = None) -> Graded:
     """Run one notebook, then grade every exercise of its lesson; one Row per exercise."""
-    from .notebook import Notebook
+    from . import checks  # noqa: F401 (registers the checks)
 
     path = pathlib.Path(path)
     start = time.perf_counter()
-    nb = Notebook(path)
-    graded = Graded(nb.student, str(path), nb.lesson)
+    nb = Notebook(path, submission.label if submission else None)
+    if submission is None:
+        submission = assign([(path, nb)])[0]
+    graded = Graded(submission.student, str(path), submission.lesson or "", refused=submission.refused)
+    if submission.refused:
+        return graded
     claims = {}
     if execute_first:
         run = execute(path, cell_timeout)
         graded.errors, claims, graded.outputs, graded.run_seconds = run.errors, run.claims, run.outputs, run.seconds
         graded.executed, graded.notebook = True, run.notebook
-    ids = sorted((k for k in EXERCISES if EXERCISES[k].lesson == nb.lesson), key=_order)
+    skeleton, worked = _lesson_builds(submission.lesson)
+    ids = sorted((k for k in EXERCISES if EXERCISES[k].lesson == submission.lesson), key=_order)
     for ex_id in ids:
         ex = EXERCISES[ex_id]
         t = time.perf_counter()
-        result = grade_exercise(path, nb.label, ex_id, [None, seed], check_timeout)
-        status = {PASSED: "passed", FAILED: "FAILED", NOT_DONE: "not done"}.get(result["status"], "FAILED")
+        if submission.wrong_lesson:
+            result = _result(FAILED, submission.wrong_lesson, flags=[])
+        else:
+            result = grade_answer(nb, ex, [None, seed], check_timeout)
+            program = result.pop("program")
+            if program.found:
+                stub = skeleton.program(ex_id, ex.answer) if skeleton else None
+                graded.answers.append(similarity.written(submission.student, ex_id, program, stub))
+        status = STATUS.get(result["status"], "FAILED")
         said = {"passed": "passed", "FAILED": "FAILED", "not done yet": "not done"}.get(claims.get(ex_id), "")
         graded.rows.append(Row(
-            nb.student, path.name, ex_id, ex.title, status, 1.0 if status == "passed" else 0.0,
+            submission.student, path.name, ex_id, ex.title, status, 1.0 if status == "passed" else 0.0,
             reason=result.get("reason", ""), details=result.get("details", ""),
             reproduce=result.get("reproduce", ""), section=ex.section, reference=ex.reference,
-            notebook_said=said, seconds=round(time.perf_counter() - t, 2)))
+            notebook_said=said, flags=list(result.get("flags", [])), seconds=round(time.perf_counter() - t, 2)))
     graded.seconds = time.perf_counter() - start
     return graded
 
@@ -246,89 +272,54 @@ def _order(ex_id):
     return int(lesson), int(number)
 
 
-# ------------------------------------------------------------------------------ outputs
-def rows_of(graded):
-    return [row for g in graded for row in g.rows]
+def _lesson_builds(lesson):
+    """(the student build, the worked build) of a lesson, as Notebooks (None where not found)."""
+    if not lesson:
+        return None, None
+    found = []
+    for folder in (ROOT / "lessons" / "exercises", ROOT / "lessons"):
+        paths = sorted(folder.glob(f"{lesson}_*.ipynb"))
+        found.append(Notebook(paths[0], f"{folder.name}/{paths[0].name}") if paths else None)
+    return found[0], found[1]
 
 
-def table(graded) -> str:
-    """A table for a terminal: one line per student and exercise, the reason of each failure."""
-    rows = rows_of(graded)
-    head = ("student", "exercise", "title", "result", "reason")
-    lines, marked = [], False
-    cells = []
-    for r in rows:
-        mark = "*" if r.notebook_said == "passed" and r.status != "passed" else ""
-        marked = marked or bool(mark)
-        reason = r.reason if len(r.reason) <= 90 else r.reason[:87] + "..."
-        cells.append((r.student, r.exercise, r.title, r.status + mark, reason if r.status != "passed" else ""))
-    widths = [max(len(c[k]) for c in [head, *cells]) for k in range(4)]
-    fmt = "  ".join(f"{{:{w}}}" for w in widths) + "  {}"
-    lines.append(fmt.format(*head).rstrip())
-    lines.append(fmt.format(*("-" * w for w in widths), "-" * 6))
-    lines += [fmt.format(*c).rstrip() for c in cells]
+def grade_class(paths, seed, *, roster=None, execute_first=True, cell_timeout=600, check_timeout=120, log=None):
+    """Every notebook of a class: (the Graded notebooks, notes for the instructor, similarity report)."""
+    from . import checks  # noqa: F401 (registers the checks)
+
+    subs = assign([(p, Notebook(p)) for p in paths], roster)
+    graded = []
+    for sub in subs:
+        if log:
+            log(f"grading {sub.path} ...")
+        g = grade_notebook(sub.path, seed, execute_first=execute_first, cell_timeout=cell_timeout,
+                           check_timeout=check_timeout, submission=sub)
+        if log:
+            log(f"  ... {g.seconds:.1f} s")
+        graded.append(g)
+    notes = [note for sub in subs for note in sub.notes]
+    flags, similar = _similar(graded, subs)
     for g in graded:
-        if not g.rows:
-            lines.append(f"{g.student}: {pathlib.Path(g.path).name} has no exercises"
-                         + (" (it ran without an error)" if g.executed and not g.errors else ""))
-        for err in g.errors:
-            lines.append(f"{g.student}: {pathlib.Path(g.path).name} raised in {err[:110]}")
-    done = sum(r.status == "passed" for r in rows)
-    students = len({g.student for g in graded})
-    lines.append("")
-    lines.append(f"{done} of {len(rows)} exercises passed ({students} student{'s' * (students != 1)})")
-    if marked:
-        lines.append("* the notebook's own output says passed: its output was changed, or the answer only passes "
-                     "without the grader's hidden case and forbidden calls")
-    return "\n".join(lines)
+        for row in g.rows:
+            row.flags += flags.get((g.student, row.exercise), [])
+    return graded, notes, similar
 
 
-CSV_FIELDS = ("student", "notebook", "exercise", "title", "status", "score", "max_score", "reason", "reproduce",
-              "notebook_said", "section", "reference")
-
-
-def to_csv(graded) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows_of(graded):
-        writer.writerow(asdict(row))
-    return out.getvalue()
-
-
-def to_json(graded, seed) -> str:
-    data = {
-        "seed": seed,
-        "results": [asdict(r) for r in rows_of(graded)],
-        "notebooks": [{"student": g.student, "notebook": g.path, "lesson": g.lesson, "errors": g.errors,
-                       "seconds": round(g.seconds, 2)} for g in graded],
-    }
-    return json.dumps(data, indent=2)
-
-
-def gradescope(graded) -> dict:
-    """Gradescope's results.json for one student's notebooks (one test per exercise)."""
-    tests = []
-    for r in rows_of(graded):
-        output = "passed" if r.status == "passed" else (r.details or r.reason)
-        if r.status != "passed":
-            if r.reproduce and "reproduce:" not in output:
-                output += f"\nreproduce: {r.reproduce}"
-            output += f"\nsee: {r.section}; the library's version: {r.reference}"
-        tests.append({"name": f"{r.exercise} {r.title}", "number": r.exercise, "score": r.score,
-                      "max_score": r.max_score, "status": "passed" if r.status == "passed" else "failed",
-                      "output": output, "visibility": "visible"})
-    notes = [f"{pathlib.Path(g.path).name} raised in {e}" for g in graded for e in g.errors]
-    total = sum(t["score"] for t in tests)
-    return {
-        "score": total,
-        "execution_time": int(round(sum(g.seconds for g in graded))),
-        "output": f"{sum(t['status'] == 'passed' for t in tests)} of {len(tests)} exercises passed"
-                  + ("\n" + "\n".join(notes) if notes else ""),
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
-    }
+def _similar(graded, subs):
+    answers = [a for g in graded for a in g.answers]
+    lessons = {s.lesson for s in subs if s.lesson}
+    worked, library = {}, {}
+    for lesson in lessons:
+        skeleton, worked_nb = _lesson_builds(lesson)
+        for ex_id in (k for k in EXERCISES if EXERCISES[k].lesson == lesson):
+            ex = EXERCISES[ex_id]
+            if worked_nb is not None:
+                stub = skeleton.program(ex_id, ex.answer) if skeleton else None
+                program = worked_nb.program(ex_id, ex.answer)
+                worked[ex_id] = similarity.written(f"the worked notebook ({worked_nb.label.split('/')[-1]})", ex_id,
+                                                   program, stub, student=False)
+            library[ex_id] = similarity.library_answers(ex, ROOT)
+    return similarity.compare(answers, worked, library)
 
 
 # ------------------------------------------------------------------------------ the command line
@@ -336,7 +327,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tinymlp.lessons",
         description="Run the course's notebooks and grade their exercises, one row per student and exercise "
-                    "(the student: the notebook's folder, or 'student' in its metadata).")
+                    "(the student: the notebook's folder, its roster name, or a safe and unique name in its metadata).")
     parser.add_argument("notebooks", nargs="+", type=pathlib.Path, help="notebooks to run and grade")
     form = parser.add_mutually_exclusive_group()
     form.add_argument("--csv", action="store_true", help="print CSV: one row per student and exercise")
@@ -344,6 +335,8 @@ def main(argv=None) -> int:
     form.add_argument("--gradescope", action="store_true",
                       help="write Gradescope's results.json (one per student: -o FILE for one, -o DIR for several)")
     parser.add_argument("-o", "--output", type=pathlib.Path, help="write the output here instead of printing it")
+    parser.add_argument("--roster", type=pathlib.Path,
+                        help="a file of lines 'folder,Student Name': the students, by submission folder")
     parser.add_argument("--seed", type=int, default=None,
                         help="the hidden cases' seed (default: a new one each run, printed)")
     parser.add_argument("--no-execute", action="store_true",
@@ -355,19 +348,22 @@ def main(argv=None) -> int:
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
+    try:
+        roster = read_roster(args.roster) if args.roster else None
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     quiet = args.json or args.csv or args.gradescope
-    graded = []
-    for path in args.notebooks:
-        print(f"grading {path} ...", file=sys.stderr, flush=True)
-        g = grade_notebook(path, seed, execute_first=not args.no_execute, cell_timeout=args.timeout,
-                           check_timeout=args.check_timeout)
-        print(f"  ... {g.seconds:.1f} s", file=sys.stderr, flush=True)
-        graded.append(g)
+    graded, notes, similar = grade_class(args.notebooks, seed, roster=roster, execute_first=not args.no_execute,
+                                         cell_timeout=args.timeout, check_timeout=args.check_timeout,
+                                         log=lambda line: print(line, file=sys.stderr, flush=True))
+    for note in notes + [f"not graded: {g.refused}" for g in graded if g.refused]:
+        print(note, file=sys.stderr)
     if args.gradescope:
         _write_gradescope(graded, args.output)
     else:
-        text = to_csv(graded) if args.csv else to_json(graded, seed) if args.json else table(graded)
+        text = (reports.to_csv(graded) if args.csv else reports.to_json(graded, seed, notes, similar) if args.json
+                else reports.table(graded, notes, similar))
         if args.output:
             args.output.write_text(text if text.endswith("\n") else text + "\n")
         else:
@@ -378,11 +374,14 @@ def main(argv=None) -> int:
 
 
 def _write_gradescope(graded, output):
+    import json
+
     by_student = {}
     for g in graded:
-        by_student.setdefault(g.student, []).append(g)
-    if len(by_student) == 1 and (output is None or output.suffix == ".json"):
-        text = json.dumps(gradescope(next(iter(by_student.values()))), indent=2)
+        if not g.refused:
+            by_student.setdefault(g.student, []).append(g)
+    if len(by_student) <= 1 and (output is None or output.suffix == ".json"):
+        text = json.dumps(reports.gradescope(next(iter(by_student.values()), [])), indent=2)
         if output is None:
             print(text)
         else:
@@ -391,8 +390,9 @@ def _write_gradescope(graded, output):
         return
     if output is None or output.suffix == ".json":
         raise SystemExit("--gradescope with several students writes one results.json each: pass -o FOLDER")
+    output.mkdir(parents=True, exist_ok=True)
     for student, items in by_student.items():
-        target = output / student / "results.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(gradescope(items), indent=2) + "\n")
+        target = inside(output, student, "results.json")
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(json.dumps(reports.gradescope(items), indent=2) + "\n")
         print(f"wrote {target}", file=sys.stderr)

@@ -1,76 +1,57 @@
-"""Running an answer with the code that would do the exercise for it made unavailable.
+"""Running an answer with the library code that would do its exercise made unavailable.
 
 An exercise asks for a piece the library already has: LayerNorm's backward is in
 ``tinymlp/ops/norm.py``, ``tinymlp.gradcheck`` computes any gradient numerically, and the
-autograd engine differentiates any composition of ops. An answer that calls one of them has
-not done the exercise. ``Guard`` runs the answer so that such a call fails, with a sentence
-that says what was called and why it is not allowed:
+autograd engine differentiates any composition of ops. An answer that uses one of them has not
+done the exercise. Inside a ``Guard``:
 
-* the library code that implements the exercise (``Exercise.forbidden``: the reference
-  Function, its fast-tier versions, the helpers behind them);
-* numerical differentiation (every function of ``tinymlp.gradcheck``, ``tinymlp.testing``)
-  and the checks' own references (``tinymlp/lessons/exercises.py``);
-* the autograd engine (``Tensor.backward``) anywhere in an answer;
-* in a Function's backward: any tinymlp op (``Function.apply``: backward works on arrays and
-  builds no graph) and the answer's own forward (re-running forward at nearby points is a
-  finite difference, not a derivation);
-* in an ``apply`` the answer defines in place of the engine's: any tinymlp op but the answer's
-  own (a replaced ``apply`` that calls ``LayerNorm.apply``, or composes ops for the engine to
-  differentiate, has not written the exercise's forward and backward).
+* the library code of the exercise (``Exercise.forbidden``: the reference Function and every
+  class of tinymlp derived from it, the helpers behind it), numerical differentiation (every
+  function of the ``tinymlp.gradcheck`` package and of ``tinymlp.testing``) and, in the
+  answer's own process, the fast tier's implementations (``tinymlp/fast/<topic>.py``), are
+  unavailable: their functions' code is replaced, so that whoever calls them (any class, any
+  thread, any saved reference) gets ``Forbidden`` with a sentence that says what was called and
+  why it is not allowed;
+* the autograd engine is refused to the answer: ``Tensor.backward`` anywhere in its code, and any
+  tinymlp op (``Function.apply``) or its own forward inside its backward (backward works on the
+  arrays forward saved; re-running forward at nearby points is a finite difference);
+* ``copies`` compares the answer's code with the forbidden code by content (its instructions,
+  names and constants, not its file, lines or local names), so the library's code pasted or
+  compiled into the answer is the library's code all the same.
 
-How: the answer is wrapped (a Function or Module subclass, a function) so that the guard
-knows when the answer's code is running, and a trace function (``sys.settrace``, called on
-every Python call) refuses the forbidden code objects there. The check's own code, which
-calls the same library (gradcheck, the engine), runs outside the answer and is not affected.
-A refused call is recorded as well as raised, so an answer that catches the exception still
-fails.
-
-``Snapshot`` is the other half, for the grader: the state of tinymlp's and NumPy's modules
-before an answer's code runs, compared after it, so that an answer that patches the checker
-(``EXERCISES['04.1'].run = ...``, ``np.allclose = ...``) fails instead of passing.
+In the answer's own process (``Guard(ex, process=True)``, see ``worker.py``) nothing else runs,
+so the forbidden code refuses every caller. Where the check runs in the same process as the
+answer (``check`` in a notebook) it refuses only while the answer's code runs, the check's own
+references and its gradcheck being the library's ordinary callers, and ``__exit__`` puts
+everything back. Each refusal is also recorded (``violations``), so an answer that catches the
+exception still fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
+import hashlib
 import importlib
 import inspect
 import sys
 import types
 
-__all__ = ["Forbidden", "Guard", "Snapshot"]
+__all__ = ["Forbidden", "Guard", "fingerprint", "resolve"]
+
+_DIVERTED = {}  # key -> (guard, the original function, the reason)
+_RAISED = []  # every refusal, in order (a refusal the answer catches is still a refusal)
+MIN_COPY = 20  # instructions: shorter functions (a one-line helper) may well be written alike independently
+NUMERIC_MODULES = ("tinymlp.gradcheck", "tinymlp.testing")   # each with its submodules
 
 
 class Forbidden(Exception):
-    """Raised inside an answer that calls code the exercise does not allow."""
+    """Raised inside an answer that uses code the exercise does not allow."""
 
-
-def _codes_of(obj):
-    """The code objects of a function, or of every function a class defines (not inherits)."""
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        return [c for f in (obj.fget, obj.fset, obj.fdel) if f for c in _codes_of(f)]
-    if isinstance(obj, functools.partial):
-        return _codes_of(obj.func)
-    code = getattr(obj, "__code__", None)
-    if code is not None:
-        return [code]
-    if isinstance(obj, type):
-        return [c for value in vars(obj).values() for c in _codes_of(value)]
-    return []
-
-
-def _subclasses(cls):
-    """A class and its subclasses defined inside tinymlp (the fast tier registers subclasses)."""
-    out, stack = [], [cls]
-    while stack:
-        c = stack.pop()
-        if c.__module__.startswith("tinymlp.") or c is cls:
-            out.append(c)
-            stack.extend(c.__subclasses__())
-    return out
+    def __init__(self, reason):
+        super().__init__(reason)
+        _RAISED.append(reason)
 
 
 def resolve(dotted):
@@ -87,228 +68,72 @@ def resolve(dotted):
     raise ImportError(f"cannot resolve {dotted!r}")
 
 
-def _module_functions(module, *, classes=True):
-    """Code objects of the functions (and, if ``classes``, the methods) defined in a module."""
-    codes = []
-    for value in vars(module).values():
-        if getattr(value, "__module__", None) != module.__name__:
+# ------------------------------------------------------------------------------ code by content
+@functools.lru_cache(maxsize=None)
+def fingerprint(code) -> str:
+    """What a code object does, independent of its file, line numbers, docstring and local names:
+    a hash of its instructions with their names and constants (nested code by its fingerprint)."""
+    parts = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("CACHE", "RESUME", "NOP", "EXTENDED_ARG"):
             continue
-        if isinstance(value, types.FunctionType) or (classes and isinstance(value, type)):
-            codes += _codes_of(value)
-    return codes
+        if ins.opname in ("LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_CLOSURE",
+                          "LOAD_DEREF", "STORE_DEREF", "MAKE_CELL", "LOAD_CLASSDEREF"):
+            arg = ins.arg  # a local by its number: renaming it changes nothing
+        elif isinstance(ins.argval, types.CodeType):
+            arg = fingerprint(ins.argval)
+        elif ins.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "SEND")) or "JUMP" in ins.opname:
+            arg = ins.arg
+        else:
+            arg = repr(ins.argval)
+        parts.append(f"{ins.opname} {arg}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def functions_of(obj):
+    """The functions of an object: itself (a function), or those a class defines (not inherits)."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        return [f for part in (obj.fget, obj.fset, obj.fdel) if part for f in functions_of(part)]
+    if isinstance(obj, functools.partial):
+        return functions_of(obj.func)
+    if isinstance(obj, types.MethodType):
+        return functions_of(obj.__func__)
+    if isinstance(obj, types.FunctionType):
+        return [obj]
+    if isinstance(obj, type):
+        return [f for value in list(vars(obj).values()) for f in functions_of(value)]
+    return []
+
+
+def _codes(code):
+    """A code object and the code objects nested in it (functions, lambdas, comprehensions)."""
+    out, stack = [], [code]
+    while stack:
+        c = stack.pop()
+        out.append(c)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return out
 
 
 @functools.lru_cache(maxsize=None)
-def _always_forbidden():
-    """{code: reason} for code no answer may call: numerical gradients and the checks' references."""
-    from .. import gradcheck as _  # noqa: F401 (make sure the modules are loaded)
-    from .. import testing
-    from . import exercises
-
-    reasons = {}
-    numeric = [sys.modules["tinymlp.gradcheck"], testing]
-    numeric += [m for name, m in list(sys.modules.items()) if name.startswith("tinymlp._gradcheck.")]
-    for module in numeric:
-        for code in _module_functions(module):
-            reasons[code] = (f"the answer calls {module.__name__}'s {code.co_qualname} (numerical "
-                             "differentiation): derive the gradient by hand instead of estimating it")
-    for code in _module_functions(exercises, classes=False):
-        reasons[code] = (f"the answer calls {code.co_qualname} from tinymlp/lessons/exercises.py, the checker's "
-                         "own reference: write the computation yourself")
-    return reasons
+def _size(code):
+    return sum(1 for ins in dis.get_instructions(code) if ins.opname not in ("CACHE", "RESUME", "NOP"))
 
 
-@functools.lru_cache(maxsize=None)
-def _engine():
-    """{code: reason} for the autograd engine (in any answer) and {code: reason} for backward."""
-    from .. import autograd
-    from ..tensor import Tensor
-
-    anywhere = {}
-    for code in _codes_of(autograd.backward) + _codes_of(Tensor.backward):
-        anywhere[code] = ("the answer runs tinymlp's autograd engine (Tensor.backward) to get a gradient: derive "
-                          "the gradient by hand and compute it with NumPy")
-    in_backward = {}
-    for code in _codes_of(autograd.Function.apply):
-        in_backward[code] = ("backward calls a tinymlp op (Function.apply: F.*, Tensor arithmetic): backward "
-                             "works on the raw arrays forward saved, with NumPy (xp), and builds no graph")
-    return anywhere, in_backward
+def _tinymlp_subclasses(cls):
+    """A class and the classes of tinymlp derived from it (the fast tier derives its versions)."""
+    out, stack = [], [cls]
+    while stack:
+        c = stack.pop()
+        if c is cls or c.__module__.startswith("tinymlp."):
+            out.append(c)
+            stack.extend(c.__subclasses__())
+    return out
 
 
-@functools.lru_cache(maxsize=None)
-def _engine_apply():
-    """The code of the engine's ``Function.apply`` (every tinymlp op runs through it)."""
-    from ..autograd import Function
-
-    return Function.apply.__func__.__code__
-
-
-class Guard:
-    """Run an exercise's answer with the forbidden code refusing to run inside it.
-
-    ``with Guard(exercise) as guard: exercise.run(guard.wrap(answer), case)``; afterwards
-    ``guard.violations`` lists every refused call (one sentence each).
-    """
-
-    def __init__(self, ex):
-        self.ex = ex
-        self.codes = dict(_always_forbidden())
-        anywhere, self.backward_codes = _engine()
-        self.backward_codes = dict(self.backward_codes)
-        self.codes.update(anywhere)
-        self.references = {}  # reference Function classes -> the sentence (for an .apply refused in backward)
-        for dotted in ex.forbidden:
-            obj = resolve(dotted)
-            where = _where(obj)
-            for item in _subclasses(obj) if isinstance(obj, type) else [obj]:
-                module = getattr(item, "__module__", None) or dotted.rsplit(".", 1)[0]
-                if isinstance(item, type):
-                    self.references[item] = (f"the answer calls {module}.{item.__qualname__} ({where}), the library's "
-                                             f"own implementation of what exercise {ex.id} asks for: write it yourself")
-                for code in _codes_of(item):
-                    self.codes.setdefault(code, f"the answer calls {module}.{code.co_qualname} ({where}), the library's "
-                                        f"own implementation of what exercise {ex.id} asks for: write it yourself")
-        self.kinds = []  # the answer contexts we are inside: "forward", "backward", "apply", "call"
-        self._own_functions = []  # the answer's Function classes (an apply it wrote may run them)
-        self.violations = []
-        self._previous = None
-
-    # ------------------------------------------------------------------ entering the answer
-    def __enter__(self):
-        self._previous = sys.gettrace()
-        sys.settrace(self._trace)
-        return self
-
-    def __exit__(self, *exc):
-        sys.settrace(self._previous)
-        return False
-
-    @contextlib.contextmanager
-    def inside(self, kind):
-        """The answer's code runs in here (kind: "forward", "backward", "apply" or "call")."""
-        if sys.gettrace() is not self._trace:  # an earlier refusal unset it (CPython does)
-            sys.settrace(self._trace)
-        self.kinds.append(kind)
-        try:
-            yield
-        finally:
-            self.kinds.pop()
-
-    def _trace(self, frame, event, arg):
-        if event != "call" or not self.kinds:
-            return None
-        code = frame.f_code
-        reason = self.codes.get(code)
-        if reason is None and self.kinds[-1] == "backward":
-            reason = self.backward_codes.get(code)
-            if reason is not None and frame.f_locals.get("cls") in self.references:  # Reference.apply
-                reason = self.references[frame.f_locals["cls"]]
-        elif reason is None and self.kinds[-1] == "apply" and code is _engine_apply():
-            reason = self._foreign_op(frame.f_locals.get("cls"))
-        if reason is not None:
-            if reason not in self.violations:
-                self.violations.append(reason)
-            raise Forbidden(reason)
-        return None
-
-    def _foreign_op(self, cls):
-        """Why an ``apply`` the answer wrote may not run ``cls``'s op (None: it is the answer's own)."""
-        if not isinstance(cls, type) or any(issubclass(cls, own) for own in self._own_functions):
-            return None
-        if cls in self.references:
-            return self.references[cls]
-        return (f"the answer's apply runs tinymlp's {cls.__module__}.{cls.__qualname__} op and lets the engine "
-                "differentiate it: leave apply to the engine (Function.apply) and write forward and backward")
-
-    # ------------------------------------------------------------------ wrapping the answer
-    def wrap(self, answer):
-        """The answer, with every way into its code marked (a Function or Module class, a
-        function, a module instance, or a tuple of those and data)."""
-        from ..autograd import Function
-        from ..nn import Module
-
-        if isinstance(answer, type) and issubclass(answer, Function):
-            return self._function(answer)
-        if isinstance(answer, type) and issubclass(answer, Module):
-            return self._module(answer)
-        if isinstance(answer, tuple):
-            return tuple(self.wrap(a) for a in answer)
-        if isinstance(answer, Module):
-            guarded = self._callable(answer.forward, "call")
-            object.__setattr__(answer, "forward", guarded)
-            return answer
-        if callable(answer) and not isinstance(answer, type):
-            return self._callable(answer, "call")
-        return answer
-
-    def _callable(self, fn, kind):
-        guard = self
-
-        @functools.wraps(fn)
-        def guarded(*args, **kwargs):
-            with guard.inside(kind):
-                return fn(*args, **kwargs)
-        return guarded
-
-    def _function(self, cls):
-        from ..autograd import Function
-
-        guard = self
-        fwd, bwd = cls.forward, cls.backward
-        for code in _codes_of(fwd):  # re-running forward inside backward: a finite difference
-            self.backward_codes.setdefault(code, (
-                f"backward calls forward ({cls.__name__}.forward): re-running forward at nearby points is a finite "
-                "difference, not a derivation; compute the gradient from the values forward saved"))
-
-        class Guarded(cls):
-            @staticmethod
-            @functools.wraps(fwd)
-            def forward(ctx, *args, **kwargs):
-                with guard.inside("forward"):
-                    return fwd(ctx, *args, **kwargs)
-
-            @staticmethod
-            @functools.wraps(bwd)
-            def backward(ctx, grad):
-                with guard.inside("backward"):
-                    return bwd(ctx, grad)
-
-            @classmethod
-            def apply(klass, *args, **kwargs):
-                if own_apply is None:
-                    return Function.apply.__func__(klass, *args, **kwargs)
-                with guard.inside("apply"):  # an apply the answer wrote: it may run its own op only
-                    return own_apply.__get__(None, klass)(*args, **kwargs)
-
-        own_apply = next((vars(c)["apply"] for c in cls.__mro__[:cls.__mro__.index(Function)]
-                          if "apply" in vars(c)), None)
-        self._own_functions.append(cls)
-        Guarded.__name__, Guarded.__qualname__ = cls.__name__, cls.__qualname__
-        Guarded.__module__, Guarded.__doc__ = cls.__module__, cls.__doc__
-        return Guarded
-
-    def _module(self, cls):
-        guard = self
-
-        class Guarded(cls):
-            def __init__(self, *args, **kwargs):
-                with guard.inside("call"):
-                    super().__init__(*args, **kwargs)
-
-            def forward(self, *args, **kwargs):
-                with guard.inside("call"):
-                    return super().forward(*args, **kwargs)
-
-            def __call__(self, *args, **kwargs):  # Module's: calling the module calls forward
-                with guard.inside("call"):
-                    return self.forward(*args, **kwargs)
-
-        Guarded.__name__, Guarded.__qualname__ = cls.__name__, cls.__qualname__
-        Guarded.__module__, Guarded.__doc__ = cls.__module__, cls.__doc__
-        return Guarded
-
-
-def _where(obj):
+def where(obj) -> str:
     """``tinymlp/ops/norm.py``: the file of an object, relative to the package's parent."""
     try:
         path = inspect.getsourcefile(obj) or ""
@@ -318,57 +143,240 @@ def _where(obj):
     return path[marker:].replace("\\", "/") if marker >= 0 else path
 
 
-# ------------------------------------------------------------------------------ the snapshot
-class Snapshot:
-    """What tinymlp's and NumPy's modules hold, to compare after an answer's code has run.
+def _module_functions(module):
+    """The functions (and methods of classes) a module defines (not those it imports or inherits)."""
+    found = []
+    for value in list(vars(module).values()):
+        if getattr(value, "__module__", None) == module.__name__ and isinstance(value, (types.FunctionType, type)):
+            found += [f for f in functions_of(value) if f.__module__ == module.__name__]
+    return found
 
-    For each module whose name starts with ``tinymlp`` or ``numpy`` (and ``builtins``,
-    ``math``): the identity of every attribute; for the classes and functions tinymlp defines:
-    the identity of every class attribute and of each function's code and defaults; and the
-    exercises' registry. ``changes()`` lists what differs, ignoring submodules imported since.
+
+# ------------------------------------------------------------------------------ diverting a function
+def divert(key, args, kwargs):
+    """What a diverted library function runs: a refusal inside the answer, else the function."""
+    guard, original, reason = _DIVERTED[key]
+    if guard.process or guard.kinds:
+        raise Forbidden(reason)
+    return original(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _stub(n_free):
+    """The code that calls ``divert``, with ``n_free`` free variables (a function's code can only
+    be replaced by code with as many as it has)."""
+    names = [f"_free{i}" for i in range(n_free)]
+    lines = ["def _outer():"]
+    lines += [f"    {name} = None" for name in names]
+    lines += ["    def _diverted(*args, **kwargs):"]
+    lines += [f"        {name}" for name in names]
+    lines += ["        from tinymlp.lessons.guard import divert", "        return divert(-1, args, kwargs)",
+              "    return _diverted"]
+    scope = {}
+    exec(compile("\n".join(lines), "<tinymlp.lessons.guard>", "exec"), scope)  # noqa: S102 (our own stub)
+    return scope["_outer"]().__code__
+
+
+class Guard:
+    """Run an exercise's answer with the code it may not use unavailable (see the module docstring).
+
+    ``with Guard(exercise) as guard: exercise.run(answer, case)``; ``guard.violations`` lists
+    every refusal, ``guard.copies(objects)`` the answer's code that is the forbidden code.
+    ``process=True``: the answer's own process, where every caller is refused and the fast tier
+    is unavailable too.
     """
 
-    def __init__(self):
-        self.state = self._take()
+    def __init__(self, ex, *, process=False):
+        self.ex, self.process = ex, process
+        self.kinds = []  # the answer's code running now: "forward", "backward", "call"
+        self._start = len(_RAISED)
+        self._replaced = []  # (function, original code) to put back
+        self._patched = []  # (class, attribute, original value or None) to put back
+        self.reasons = {}  # fingerprint -> sentence, for copies
+        self.forbidden = []  # (function, sentence)
+        for dotted in ex.forbidden:
+            obj = resolve(dotted)
+            for item in _tinymlp_subclasses(obj) if isinstance(obj, type) else [obj]:
+                module = getattr(item, "__module__", None) or dotted.rsplit(".", 1)[0]
+                for fn in functions_of(item):
+                    name = f"{module}.{fn.__qualname__}"
+                    self.forbidden.append((fn, f"the answer calls {name} ({where(item)}), the library's own "
+                                               f"implementation of what exercise {ex.id} asks for: write it yourself"))
+        numeric = [m for name, m in list(sys.modules.items())
+                   if isinstance(m, types.ModuleType) and name.startswith(NUMERIC_MODULES)]
+        for module in numeric:
+            for fn in _module_functions(module):
+                self.forbidden.append((fn, f"the answer calls {module.__name__}'s {fn.__qualname__} (numerical "
+                                           "differentiation): derive the gradient by hand instead of estimating it"))
+        if process:
+            # the fast tier's implementations (its package, which switches the tier, stays available)
+            fast = [m for name, m in list(sys.modules.items())
+                    if isinstance(m, types.ModuleType) and name.startswith("tinymlp.fast.")]
+            for module in fast:
+                for fn in _module_functions(module):
+                    self.forbidden.append((fn, f"the answer calls {module.__name__}.{fn.__qualname__}, the library's "
+                                               "fast tier (compiled versions of the same ops): write the computation "
+                                               "yourself"))
+        for fn, reason in self.forbidden:
+            if _size(fn.__code__) >= MIN_COPY:
+                copied = reason.replace("the answer calls", "the answer's code is", 1)
+                self.reasons.setdefault(fingerprint(fn.__code__), copied)
+        self._marked = set()
+        self.ran = set()  # names of the answer's Functions whose backward has run
+
+    @property
+    def violations(self):
+        """Every refusal since the guard was made, one sentence each."""
+        return list(dict.fromkeys(_RAISED[self._start:]))
+
+    # ------------------------------------------------------------------ entering and leaving
+    def __enter__(self):
+        for fn, reason in self.forbidden:
+            self._divert(fn, reason)
+        self._engine()
+        self.mark_answer()
+        return self
+
+    def __exit__(self, *exc):
+        for fn, code in reversed(self._replaced):
+            fn.__code__ = code
+        for cls, name, value in reversed(self._patched):
+            if value is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, value)
+        self._replaced, self._patched = [], []
+        for key in [k for k, (g, _, _) in _DIVERTED.items() if g is self]:
+            del _DIVERTED[key]
+        return False
+
+    def _divert(self, fn, reason):
+        code = fn.__code__
+        if any(f is fn for f, _ in self._replaced):
+            return
+        original = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        original.__kwdefaults__ = fn.__kwdefaults__
+        key = id(original)
+        _DIVERTED[key] = (self, original, reason)
+        stub = _stub(len(code.co_freevars))
+        stub = stub.replace(co_consts=tuple(key if c == -1 else c for c in stub.co_consts))
+        self._replaced.append((fn, code))
+        fn.__code__ = stub
+
+    @contextlib.contextmanager
+    def inside(self, kind):
+        """The answer's code runs in here (kind: "forward", "backward" or "call")."""
+        self.kinds.append(kind)
+        try:
+            yield
+        finally:
+            self.kinds.pop()
+
+    def _patch(self, cls, name, value):
+        self._patched.append((cls, name, vars(cls).get(name)))
+        setattr(cls, name, value)
+
+    # ------------------------------------------------------------------ the engine
+    def _engine(self):
+        from ..autograd import Function
+        from ..tensor import Tensor
+
+        guard, apply, backward = self, Function.apply.__func__, Tensor.backward
+
+        def guarded_apply(cls, *args, **kwargs):
+            if guard.kinds and guard.kinds[-1] == "backward":
+                raise Forbidden("backward calls a tinymlp op (Function.apply: F.*, Tensor arithmetic): backward works "
+                                "on the raw arrays forward saved, with NumPy (xp), and builds no graph")
+            return apply(cls, *args, **kwargs)
+
+        def guarded_backward(tensor, *args, **kwargs):
+            if guard.kinds:
+                raise Forbidden("the answer runs tinymlp's autograd engine (Tensor.backward) to get a gradient: derive "
+                                "the gradient by hand and compute it with NumPy")
+            return backward(tensor, *args, **kwargs)
+
+        guarded_apply.__doc__, guarded_backward.__doc__ = apply.__doc__, backward.__doc__
+        self._patch(Function, "apply", classmethod(guarded_apply))
+        self._patch(Tensor, "backward", guarded_backward)
 
     @staticmethod
-    def _watched():
-        return {name: m for name, m in list(sys.modules.items())
-                if isinstance(m, types.ModuleType)
-                and (name in ("builtins", "math") or name.split(".")[0] in ("tinymlp", "numpy"))}
+    def engine_apply(cls, *args, **kwargs):
+        """The engine's ``Function.apply`` for ``cls``, whatever ``apply`` the answer defines."""
+        from ..autograd import Function
 
-    def _take(self):
-        from .registry import EXERCISES
+        return Function.apply.__func__(cls, *args, **kwargs)
 
-        state = {}
-        for name, module in self._watched().items():
-            attrs = dict(vars(module))
-            state[("module", name)] = {k: id(v) for k, v in attrs.items() if not isinstance(v, types.ModuleType)}
-            if not name.startswith("tinymlp"):
+    def mark_answer(self):
+        """Mark where the answer's code runs: the forward and backward of every Function, and the
+        forward of every Module, defined outside tinymlp (call again after new ones are defined)."""
+        from ..autograd import Function
+        from ..nn import Module
+
+        for base, names in ((Function, ("forward", "backward")), (Module, ("forward",))):
+            stack, seen = list(base.__subclasses__()), set()
+            while stack:
+                cls = stack.pop()
+                if cls in seen:
+                    continue
+                seen.add(cls)
+                stack.extend(cls.__subclasses__())
+                if cls.__module__.startswith("tinymlp.") or cls in self._marked:
+                    continue
+                self._marked.add(cls)
+                for name in names:
+                    if name in vars(cls):
+                        self._mark(cls, name, base is Function)
+
+    def _mark(self, cls, name, static):
+        guard, value = self, vars(cls)[name]
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if not callable(fn):
+            return
+        kind = name if static else "call"
+
+        @functools.wraps(fn)
+        def marked(*args, **kwargs):
+            if kind == "forward" and guard.kinds and guard.kinds[-1] == "backward":
+                raise Forbidden(f"backward calls forward ({cls.__name__}.forward): re-running forward at nearby "
+                                "points is a finite difference, not a derivation; compute the gradient from the values "
+                                "forward saved")
+            if kind == "backward":
+                guard.ran.add(cls.__qualname__)
+            with guard.inside(kind):
+                return fn(*args, **kwargs)
+
+        wrapped = staticmethod(marked) if isinstance(value, staticmethod) else (
+            classmethod(marked) if isinstance(value, classmethod) else marked)
+        self._patch(cls, name, wrapped)
+
+    def calling(self, fn):
+        """``fn`` (an answer that is a plain function), marked as the answer's code."""
+        guard = self
+
+        @functools.wraps(fn)
+        def marked(*args, **kwargs):
+            with guard.inside("call"):
+                return fn(*args, **kwargs)
+        return marked
+
+    # ------------------------------------------------------------------ copies
+    def copies(self, *objects):
+        """Sentences for the answer's functions whose code is the forbidden code (by content)."""
+        found, seen = [], set()
+        stack = list(objects)
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen:
                 continue
-            for key, value in attrs.items():
-                if isinstance(value, type) and value.__module__ == name:
-                    state[("class", f"{name}.{key}")] = {k: id(v) for k, v in vars(value).items()
-                                                         if k not in ("__weakref__", "__dict__")}
-                elif isinstance(value, types.FunctionType) and value.__module__ == name:
-                    state[("function", f"{name}.{key}")] = {
-                        "__code__": id(value.__code__), "__defaults__": id(value.__defaults__),
-                        "__kwdefaults__": id(value.__kwdefaults__)}
-        state[("registry", "tinymlp.lessons.EXERCISES")] = {k: (id(v), id(v.run)) for k, v in EXERCISES.items()}
-        return state
-
-    def changes(self):
-        """What the answer changed, one line each (empty when nothing)."""
-        now, out = self._take(), []
-        for key, before in self.state.items():
-            after = now.get(key)
-            if after is None:
+            seen.add(id(obj))
+            if isinstance(obj, (tuple, list)):
+                stack.extend(obj)
                 continue
-            for attr, value in before.items():
-                if attr not in after:
-                    out.append(f"{key[1]}.{attr} was deleted")
-                elif after[attr] != value:
-                    out.append(f"{key[1]}.{attr} was replaced")
-            if key[0] == "registry":
-                out += [f"{key[1]}[{k!r}] was added" for k in after if k not in before]
-        return out
+            for fn in functions_of(obj):
+                for code in _codes(fn.__code__):
+                    if code.co_name.startswith("<") or _size(code) < MIN_COPY:
+                        continue  # comprehensions, lambdas and one-liners: alike by necessity
+                    reason = self.reasons.get(fingerprint(code))
+                    if reason:
+                        found.append(f"{fn.__qualname__}: {reason}")
+        return list(dict.fromkeys(found))

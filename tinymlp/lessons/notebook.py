@@ -7,15 +7,14 @@ and, for each exercise, keeps the statements its answer needs:
 1. the answer is the second argument of the last ``check("04.1", ...)`` call in the notebook
    (or, if the student deleted that line, the name the lesson gives it, ``MyLayerNorm``);
 2. going back from that call, every top-level statement that binds (or changes, such as
-   ``W[0] = ...`` or ``rng.shuffle(a)``) a name the answer uses is kept, then the names those
-   statements use, until nothing is added: imports, helper functions, constants;
-3. the kept statements are compiled with the notebook's name, cell number and line numbers,
-   so that an error inside the answer points at the student's own line.
+   ``W[0] = ...``, ``rng.shuffle(a)`` or ``fill(a)``) a name the answer uses is kept, then the
+   names those statements use, until nothing is added: imports, helper functions, constants;
+3. the kept statements are compiled, in the answer's own process, with the notebook's name,
+   cell number and line numbers, so that an error inside the answer points at the student's
+   own line (``Program.job``).
 
-``scan`` then refuses what an exercise answer never needs and what could change its grade:
-imports beyond NumPy, math, tinymlp and a few standard helpers, tinymlp's fast tier (compiled
-kernels the tracing guard cannot see into), ``exec``/``eval``, ``open``, and reaching into the
-interpreter (frames, ``sys.modules``, ``__globals__``, ``os._exit``).
+``scan.py`` then refuses what an answer never needs and what the grader could not follow
+(code built at run time, statements whose effect on the answer it cannot place).
 """
 
 from __future__ import annotations
@@ -28,31 +27,10 @@ import re
 import symtable
 from dataclasses import dataclass, field
 
-__all__ = ["Notebook", "Program", "ALLOWED_IMPORTS"]
+__all__ = ["Notebook", "Program", "Statement"]
 
-ALLOWED_IMPORTS = {
-    "__future__", "numpy", "math", "cmath", "tinymlp", "checks", "functools", "itertools", "collections",
-    "typing", "dataclasses", "operator", "string", "re", "random", "time", "warnings", "abc", "enum", "copy",
-    "numbers", "statistics", "matplotlib", "cupy",
-}
-"""Modules an answer (and what it needs) may import: the course's own and a few plain helpers."""
-
-FORBIDDEN_NAMES = {
-    "exec": "runs code the grader cannot read", "eval": "runs code the grader cannot read",
-    "compile": "builds code the grader cannot read", "__import__": "imports behind the grader's back",
-    "open": "reads or writes files", "globals": "reaches into the module's namespace",
-    "breakpoint": "stops to wait for a debugger", "input": "waits for keyboard input",
-}
-FORBIDDEN_ATTRIBUTES = {
-    "_getframe": "reads the interpreter's call stack", "f_back": "reads the interpreter's call stack",
-    "f_locals": "reads another frame's variables", "f_globals": "reads another frame's variables",
-    "tb_frame": "reads the interpreter's call stack", "gi_frame": "reads the interpreter's call stack",
-    "__globals__": "reaches into another module's namespace", "__code__": "rewrites a function's code",
-    "__closure__": "reaches into another function's variables", "__builtins__": "changes the built-in functions",
-    "__subclasses__": "searches the interpreter's classes", "settrace": "changes the interpreter's tracing",
-    "setprofile": "changes the interpreter's tracing", "modules": "changes the loaded modules (sys.modules)",
-    "_exit": "ends the process", "__dict__": "rewrites an object's attributes behind its back",
-}
+PLAIN_CALLS = {"print", "check", "skipped", "display", "len", "repr", "str", "type", "isinstance", "help"}
+"""Functions whose call as a statement changes none of its arguments."""
 
 
 @dataclass
@@ -61,6 +39,7 @@ class Statement:
 
     cell: int  # 1-based, counting every cell (markdown too) from the top of the notebook
     filename: str  # what tracebacks show: "<alice/04_layernorm.ipynb, cell 14>"
+    index: int  # its place in the cell's top-level statements
     node: ast.stmt
     binds: set = field(default_factory=set)
     uses: set = field(default_factory=set)
@@ -75,43 +54,20 @@ class Program:
     statements: list
     sources: dict  # filename -> the cell's (transformed) source, for tracebacks
     found: bool  # False: nothing in the notebook defines the answer
-    problems: list = field(default_factory=list)  # what scan refused, one sentence each
+    before: list = field(default_factory=list)  # every top-level statement before the check call
 
-    def scan(self):
-        """Fill ``problems`` with what the answer's code may not do (see the module docstring)."""
-        self.problems = []
-        for st in self.statements:
-            for node in ast.walk(st.node):
-                line = getattr(node, "lineno", st.node.lineno)
-                at = f"({st.filename.strip('<>')}, line {line})"
-                if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-                    if isinstance(node, ast.ImportFrom) and node.level:
-                        names = ["." * node.level + (node.module or "")]
-                    for name in names:
-                        if name == "tinymlp.fast" or name.startswith("tinymlp.fast."):
-                            self.problems.append(
-                                f"the answer's code imports {name} {at}, the library's fast tier (compiled "
-                                "kernels of the same ops): write the computation yourself")
-                        elif name.split(".")[0] not in ALLOWED_IMPORTS:
-                            self.problems.append(
-                                f"the answer's code imports {name} {at}: an answer may import numpy, math, "
-                                "tinymlp and the standard helpers (functools, itertools, collections, ...)")
-                elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
-                    self.problems.append(f"the answer's code uses {node.id} {at}, which {FORBIDDEN_NAMES[node.id]}")
-                elif isinstance(node, ast.Attribute) and node.attr == "fast" and _root(node) == "tinymlp":
-                    self.problems.append(
-                        f"the answer's code uses tinymlp.fast {at}, the library's fast tier (compiled kernels of "
-                        "the same ops): write the computation yourself")
-                elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRIBUTES:
-                    self.problems.append(
-                        f"the answer's code uses .{node.attr} {at}, which {FORBIDDEN_ATTRIBUTES[node.attr]}")
-        self.problems = list(dict.fromkeys(self.problems))
-        return self.problems
+    def job(self, ex, label) -> dict:
+        """What the answer's process needs (``worker.py``): the cells of the kept statements,
+        which statements, the answer's expression, the exercise and its forbidden code."""
+        cells = {st.filename for st in self.statements}
+        return {"exercise": ex.id, "forbidden": list(ex.forbidden), "label": label, "answer": self.answer,
+                "cells": {name: self.sources[name] for name in cells},
+                "statements": [[st.filename, st.index] for st in self.statements]}
 
 
 class Notebook:
-    """A submitted notebook: its cells parsed into top-level statements, its student and lesson."""
+    """A submitted notebook: its code cells parsed into top-level statements (``label`` names it
+    in the statements' file names: ``<alice/04_layernorm.ipynb, cell 14>``)."""
 
     def __init__(self, path, label=None):
         self.path = pathlib.Path(path)
@@ -135,9 +91,9 @@ class Notebook:
                 self.syntax_errors.append(f"cell {n}, line {err.lineno}: {err.msg}")
                 continue
             self.sources[filename] = source
-            for node in tree.body:
+            for index, node in enumerate(tree.body):
                 binds, changed = _binds(node)
-                self.statements.append(Statement(n, filename, node, binds, _uses(node)))
+                self.statements.append(Statement(n, filename, index, node, binds, _uses(node)))
                 changes.append(changed)
         # a method call changes its object in place, unless the object is a module (np.random.seed)
         modules = {a.asname or a.name.split(".")[0] for st in self.statements
@@ -148,19 +104,6 @@ class Notebook:
     @property
     def metadata(self) -> dict:
         return self.raw.get("metadata", {})
-
-    @property
-    def student(self) -> str:
-        """The name in the notebook's metadata (``student``, or ``tinymlp.student``), else its folder's."""
-        meta = self.metadata
-        name = meta.get("student") or meta.get("tinymlp", {}).get("student")
-        return str(name) if name else self.path.resolve().parent.name
-
-    @property
-    def lesson(self) -> str:
-        """The lesson number: the metadata's ``tinymlp.lesson``, else the file name's first two digits."""
-        lesson = str(self.metadata.get("tinymlp", {}).get("lesson", ""))
-        return lesson if re.fullmatch(r"\d\d", lesson) else self.path.name[:2]
 
     def checked(self) -> dict:
         """{exercise id: (index of the statement, the answer expression)} for the last check call of each."""
@@ -192,9 +135,12 @@ class Notebook:
                     changed = True
         bound = set().union(*(self.statements[i].binds for i in keep)) if keep else set()
         found = all(name in bound or hasattr(builtins, name) for name in _uses(expr))
-        program = Program(ex_id, ast.unparse(expr), [self.statements[i] for i in sorted(keep)], self.sources, found)
-        program.scan()
-        return program
+        return Program(ex_id, ast.unparse(expr), [self.statements[i] for i in sorted(keep)], self.sources, found,
+                       self.statements[:upto])
+
+    def checked_exercises(self) -> list:
+        """The exercise ids the notebook's ``check`` calls name, in order."""
+        return list(self.checked())
 
 
 def _called(func):
@@ -213,12 +159,13 @@ def _root(node):
 
 
 def _binds(node):
-    """(names a top-level statement binds, names it changes in place through a method call).
+    """(names a top-level statement binds, names it changes in place through a call).
 
     Bound: assigned, imported, defined, and the root of an assigned item or attribute
     (``W[0] = ...``, ``model.fc.weight = ...``, ``np.allclose = ...``). Changed in place: the
     object of a statement-level call ``rng.shuffle(a)``, ``params.append(p)``, the first
-    argument of ``np.add.at(dW, ...)``, ``setattr(obj, ...)``.
+    argument of ``np.add.at(dW, ...)``, ``setattr(obj, ...)``, the arguments of a function
+    called as a statement (``fill(a)``), except ``print``, ``check`` and the like.
     """
     table = symtable.symtable(ast.unparse(node), "<statement>", "exec")
     names = {s.get_name() for s in table.get_symbols()
@@ -235,6 +182,8 @@ def _binds(node):
                     changed.add(_root(call.args[0]))
             elif isinstance(call.func, ast.Name) and call.func.id in ("setattr", "delattr") and call.args:
                 changed.add(_root(call.args[0]))
+            elif isinstance(call.func, ast.Name) and call.func.id not in PLAIN_CALLS:
+                changed |= {_root(a) for a in call.args}  # fill(a), exec(src, scope): may change a, scope
     return names - {None}, changed - {None}
 
 
@@ -274,7 +223,7 @@ def _transformer():
         def transform(source):
             try:
                 out = manager.transform_cell(source)
-            except Exception:  # noqa: BLE001: a cell IPython cannot read is left to ast.parse
+            except Exception:  # noqa: BLE001 (a cell IPython cannot read is left to ast.parse)
                 return source
             lead = len(source) - len(source.lstrip("\n"))  # IPython drops leading blank lines:
             return "\n" * (lead - (len(out) - len(out.lstrip("\n")))) + out   # keep the cell's line numbers

@@ -2,9 +2,13 @@
 
 ``run_check`` returns a ``Result``: the status (passed / FAILED / not done yet), the details
 (the gradcheck report, the difference from the reference, or the error with the answer's own
-file, cell and line), a one-line ``reason`` (the report's first ``likely`` line), and a
-``reproduce`` line that repeats the failing case where the notebook defines the answer.
-``check`` prints it; the grader stores it.
+file, cell and line), a one-line ``reason`` (the report's first ``likely`` line; for an answer
+not done, why), and a ``reproduce`` line that repeats the failing case where the notebook
+defines the answer. ``check`` prints it; the grader stores it.
+
+The answer is either the student's object itself (``check`` in a notebook: it runs here, under
+a ``Guard``) or the grader's stand-in for an answer that runs in a process of its own
+(``remote.py``): the check, its references and its comparisons are the same code either way.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import traceback
 from dataclasses import dataclass
 
 from ..gradcheck import GradcheckError
+from . import cost
 from .guard import Forbidden, Guard
 from .registry import EXERCISES, Case, Wrong
+from .remote import AnswerTimeout, ChannelError, RemoteError
 
 PASSED, NOT_DONE, FAILED = "passed", "not done yet", "FAILED"
 
@@ -54,57 +60,128 @@ class Result:
         return "\n".join(lines)
 
 
-def run_check(ex_id, answer, *, seeds=(None,), answer_text=None, guard=True) -> Result:
+def not_done(ex, needs=None, why=None) -> Result:
+    """A Result for an answer that is not there yet, saying why."""
+    if why is None:
+        why = (f'the answer still raises NotImplementedError("exercise {ex.id}"): the stub is still there'
+               if needs in (None, ex.id) else
+               f'the answer reaches exercise {needs}\'s stub (NotImplementedError("exercise {needs}")): '
+               f"do {needs} first")
+    return Result(ex.id, ex.title, NOT_DONE, details=why, reason=why, needs=needs)
+
+
+def run_check(ex_id, answer, *, seeds=(None,), answer_text=None, remote=None) -> Result:
     """Run exercise ``ex_id``'s check on ``answer``: the public case (seed None) and any hidden
-    case (an int seed) in ``seeds``, stopping at the first failure.
+    case (an int seed) in ``seeds``, stopping at the first failure; then, for a Function answer
+    of an exercise with a cost case, its cost (``cost.py``).
 
     ``answer_text`` is how the notebook spells the answer (``MyLayerNorm``), for reproduce
-    lines. With ``guard`` the answer runs with the library code that would do the exercise
-    for it made unavailable (``tinymlp/lessons/guard.py``).
+    lines. ``remote``: the ``AnswerProcess`` that runs the answer (``answer`` is then its
+    stand-in); without it the answer runs here, under a ``Guard``.
     """
+    from . import checks  # noqa: F401 (registers the checks)
+
     ex = EXERCISES[ex_id]
     if _has_ellipsis(answer):
-        return Result(ex.id, ex.title, NOT_DONE)
-    text = answer_text or ex.answer
+        return not_done(ex, why="the answer is still ... (the stub)")
+    guard = None if remote is not None else Guard(ex)
+    try:
+        if guard is not None:
+            guard.__enter__()
+            copied = guard.copies(answer)
+            if copied:
+                return _failed(ex, copied[0], "")
+            answer = local_answer(answer, guard)
+        result = _run_cases(ex, answer, seeds, answer_text or ex.answer, guard, remote)
+    finally:
+        if guard is not None:
+            guard.__exit__(None, None, None)
+    return result
+
+
+def _run_cases(ex, answer, seeds, text, guard, remote):
+    backwards = (lambda: guard.ran) if guard is not None else remote.backwards
     for seed in seeds:
-        case = Case(ex.seed if seed is None else int(seed), hidden=seed is not None)
+        case = Case(ex.seed if seed is None else int(seed), hidden=seed is not None, backwards=backwards)
         case.call = f"{ex.id!r}, {text}".replace("'", '"') + ("" if seed is None else f", seed={seed}")
-        result = _run_case(ex, answer, case, guard)
+        result = _run_case(ex, answer, case, guard, remote)
         if result.status != PASSED:
             result.seed = seed
             return result
+    if ex.cost is not None and _is_function(answer):
+        last = [s for s in seeds if s is not None]
+        try:
+            cost.judge(ex, answer, seed=last[-1] if last else ex.seed, limit=remote.limit if remote else None)
+        except Exception as err:  # noqa: BLE001 (the same handling as a case's)
+            return _result_of_error(ex, err, f"check({ex.id!r}, {text})".replace("'", '"'), guard, remote)
+    violations = guard.violations if guard is not None else remote.violations()
+    if violations:  # refused, caught by the answer, and still right
+        return _failed(ex, violations[0], "")
     return Result(ex.id, ex.title, PASSED)
 
 
-def _run_case(ex, answer, case, use_guard):
+def _is_function(answer):
+    from ..autograd import Function
+
+    return isinstance(answer, type) and issubclass(answer, Function)
+
+
+def _run_case(ex, answer, case, guard, remote):
     again = f"check({case.call})"
-    g = Guard(ex) if use_guard else None
     try:
-        if g is None:
-            ex.run(answer, case)
-        else:
-            with g:
-                ex.run(g.wrap(answer), case)
-    except Forbidden as err:
-        return _failed(ex, str(err), again)
-    except GradcheckError as err:
-        if g is not None and g.violations:
-            return _failed(ex, g.violations[0], again)
+        ex.run(answer, case)
+    except Exception as err:  # noqa: BLE001 (a wrong answer may raise anything; say it, never stop)
+        return _result_of_error(ex, err, again, guard, remote)
+    except SystemExit as err:
+        return _result_of_error(ex, err, again, guard, remote)
+    return Result(ex.id, ex.title, PASSED)
+
+
+def _refusals(guard, remote):
+    if guard is not None:
+        return guard.violations
+    try:
+        return remote.violations()
+    except (RemoteError, ChannelError, AnswerTimeout):
+        return []
+
+
+def _result_of_error(ex, err, again, guard, remote):
+    remote_error = _find(err, RemoteError)
+    if isinstance(err, Forbidden) or (remote_error is not None and remote_error.forbidden):
+        return _failed(ex, str(remote_error.details if remote_error is not None else err), again)
+    if isinstance(err, (AnswerTimeout, ChannelError)):
+        return _failed(ex, str(err), "")
+    refused = _refusals(guard, remote)
+    if refused:
+        return _failed(ex, refused[0], again)
+    if isinstance(err, GradcheckError):
+        if remote_error is not None:
+            return _result_of_error(ex, remote_error, again, guard, remote)
         report = str(err)
         match = re.search(r"^reproduce: (.*)$", report, flags=re.M)
         return _failed(ex, report, match.group(1).split("   #")[0] if match else again)
-    except (Exception, SystemExit) as err:  # noqa: BLE001: a wrong answer may raise anything; say it, never stop
-        if g is not None and g.violations:
-            return _failed(ex, g.violations[0], again)
-        other = _not_done(err)
-        if other is not None:
-            return Result(ex.id, ex.title, NOT_DONE, needs=other)
-        if isinstance(err, Wrong):
-            return _failed(ex, str(err), again)
-        return _failed(ex, describe_error(err), again)
-    if g is not None and g.violations:  # refused, caught by the answer, and still wrong
-        return _failed(ex, g.violations[0], again)
-    return Result(ex.id, ex.title, PASSED)
+    if remote_error is not None:
+        if remote_error.not_done:
+            return not_done(ex, remote_error.not_done)
+        return _failed(ex, remote_error.details, again)
+    other = stub_reached(err)
+    if other is not None:
+        return not_done(ex, other)
+    if isinstance(err, Wrong):
+        return _failed(ex, str(err), again)
+    return _failed(ex, describe_error(err), again)
+
+
+def _find(err, kind):
+    """``err`` or the exception it was raised from (or during) that is a ``kind``."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, kind):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _failed(ex, details, reproduce):
@@ -112,11 +189,15 @@ def _failed(ex, details, reproduce):
 
 
 def reason_of(details: str) -> str:
-    """One line for a table: the first ``likely`` line, else the first PROBLEM, else the first line."""
+    """One line for a table: the first ``likely`` line, else the first PROBLEM, else (a gradcheck
+    report without either) the first failing tensor and its ``pattern`` line, else the first line."""
     for pattern in (r"^\s*likely\s*:\s*(.+)$", r"^PROBLEM \([a-z_]+\): (.+)$"):
         match = re.search(pattern, details, flags=re.M)
         if match:
             return match.group(1).strip()
+    match = re.search(r"^FAIL (\S+) [^\n]*\n(?:(?![A-Z]{4} )[^\n]*\n)*?\s+pattern\s*:\s*([^\n]+)", details, flags=re.M)
+    if match:
+        return f"the gradient of {match.group(1)!r} is wrong: {match.group(2).strip()}"
     lines = [line.strip() for line in details.splitlines() if line.strip()]
     return lines[0] if lines else ""
 
@@ -129,7 +210,7 @@ def _has_ellipsis(answer) -> bool:
     return False
 
 
-def _not_done(err) -> str | None:
+def stub_reached(err) -> str | None:
     """The exercise id if err (or what caused it) is a stub's NotImplementedError."""
     seen = set()
     while err is not None and id(err) not in seen:
@@ -142,6 +223,24 @@ def _not_done(err) -> str | None:
             return m.group(1)
         err = err.__cause__ or err.__context__
     return None
+
+
+def local_answer(answer, guard):
+    """The answer as the check calls it in this process: a Function through the engine's own
+    ``apply`` (an ``apply`` the answer defines is not the exercise), a plain function marked as
+    the answer's code (a Function's and a Module's methods are marked by the guard)."""
+    from ..autograd import Function
+    from ..nn import Module
+
+    if isinstance(answer, type) and issubclass(answer, Function):
+        engine = Guard.engine_apply
+        return type(answer.__name__, (answer,), {"apply": classmethod(engine), "__module__": answer.__module__,
+                                                 "__qualname__": answer.__qualname__, "__doc__": answer.__doc__})
+    if isinstance(answer, tuple):
+        return tuple(local_answer(a, guard) for a in answer)
+    if isinstance(answer, (type, Module)) or not callable(answer):
+        return answer
+    return guard.calling(answer)
 
 
 # ------------------------------------------------------------------------------ where an error happened
@@ -159,7 +258,7 @@ def _library_dirs():
 
 
 def _is_answer_file(filename) -> bool:
-    if filename.startswith("<") and not filename.startswith("<frozen"):
+    if filename.startswith("<") and not filename.startswith(("<frozen", "<tinymlp")):
         return True
     return not os.path.abspath(filename).startswith(_library_dirs())
 
@@ -200,20 +299,51 @@ def describe_error(err) -> str:
 
 
 # ------------------------------------------------------------------------------ in the notebook
-def check(ex_id: str, answer, seed: int | None = None) -> bool:
+class Checked:
+    """What ``check`` returns: true once the exercise passed (``if check(...):``, ``done = check(...)``).
+
+    ``check`` has printed the result already, so as the last value of a notebook cell it shows
+    nothing (no ``True`` or ``False`` under the printed line); ``result`` is the full ``Result``.
+    """
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Result):
+        self.result = result
+
+    def __bool__(self):
+        return self.result.status == PASSED
+
+    def __eq__(self, other):
+        return bool(self) == other if isinstance(other, bool) else NotImplemented
+
+    def __hash__(self):
+        return hash(bool(self))
+
+    def __repr__(self):
+        return f"<check {self.result.id}: {self.result.status}>"
+
+    def _ipython_display_(self):  # IPython: already printed, show nothing more
+        pass
+
+
+def check(ex_id: str, answer, seed: int | None = None) -> Checked:
     """Check the answer to exercise ``ex_id``; print one line (and what is wrong when it is).
 
     ``check("04.1", MyLayerNorm)`` runs the public case; ``seed=`` runs the hidden case a
-    grader's report names. Returns True when it passed, so that later cells can use the
-    answer; never raises, so a stub or a wrong answer does not stop the notebook.
+    grader's report names. Returns a value that is true when it passed, so that later cells
+    can use the answer (and that a notebook does not display); never raises, so a stub or a
+    wrong answer does not stop the notebook.
     """
+    from . import checks  # noqa: F401 (registers the checks)
+
     if ex_id not in EXERCISES:
         print(f"exercise {ex_id}: no such exercise (known: {', '.join(sorted(EXERCISES))})")
-        return False
+        return Checked(Result(ex_id, "", FAILED, details="no such exercise"))
     text = expression_of(answer, sys._getframe(1).f_globals)
     result = run_check(ex_id, answer, seeds=(seed,), answer_text=text)
     print(result.text())
-    return result.status == PASSED
+    return Checked(result)
 
 
 def expression_of(answer, names) -> str | None:
@@ -239,7 +369,7 @@ def case(ex_id: str, answer, seed: int | None = None, k: int = 0):
     *tinymlp.lessons.case("04.1", MyLayerNorm))`` repeats that gradcheck in the notebook, where
     its report can be read and its arrays inspected (``seed=`` for a hidden case of the grader's).
     """
-    from .exercises import Captured
+    from .checks.common import Captured  # (registers the checks)
 
     ex = EXERCISES[ex_id]
     c = Case(ex.seed if seed is None else int(seed), hidden=seed is not None)

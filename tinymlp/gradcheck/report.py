@@ -1,6 +1,6 @@
 """The result of a gradient check: the data it is made of and how it is printed.
 
-``gradcheck`` (in ``tinymlp/gradcheck.py``) fills in one ``TensorResult`` per checked tensor
+``gradcheck`` (in ``tinymlp/gradcheck/method.py``) fills in one ``TensorResult`` per checked tensor
 and wraps them in a ``GradcheckReport``; ``str(report)`` is the text described under "Reading a
 report" in the docstring of the function ``tinymlp.gradcheck``.
 """
@@ -16,17 +16,29 @@ HINT_KINDS = (
     "no_gradient", "upstream_ignored", "kink", "partial_branch", "boundary", "nan", "wrong_shape",
     "partial_scale", "wrong_formula", "swapped", "low_precision", "too_few_gradients",
     "ignored_by_forward", "row_constant", "row_terms", "swapped_halves", "wrong_order", "shared_intermediate",
+    "row_multiple", "batch_mixed", "factor_of_input", "row_factor", "repeated_index", "precision_loss",
+    "wrong_axis",
 )
 """The values ``TensorResult.hint_kind`` can take (besides None)."""
 
 PROBLEM_KINDS = (
     "nondeterministic", "mutated_input", "downcast", "low_precision", "unpromoted_tensor", "not_restored",
-    "no_output", "mutated_upstream", "mutated_saved", "not_repeatable",
+    "no_output", "mutated_upstream", "mutated_saved", "not_repeatable", "stateful", "saved_overwritten",
 )
 """Problems with the forward function as a whole, found before any gradient is compared."""
 
+WARNING_KINDS = ("constant_values", "batch_of_one", "integer_values", "float32_backward")
+"""Warnings: the check passed or failed on its own terms, but the inputs are too special for a
+whole class of bugs to show (all ones, a batch of one, whole numbers), or the layer's float32
+backward loses precision that a float64 check cannot see."""
 
-# Statuses of one compared value (see the three-way rule in tinymlp/gradcheck.py).
+
+class GradcheckWarning(UserWarning):
+    """Issued by a *passing* gradcheck for each of its report's warnings (a failing one raises,
+    and its report lists them): the pass holds only for inputs where some bugs cannot show."""
+
+
+# Statuses of one compared value (see the three-way rule in tinymlp/gradcheck/method.py).
 PASS, FAIL, UNVERIFIED, NONDIFF = "PASS", "FAIL", "UNVERIFIED", "NONDIFF"
 
 
@@ -95,12 +107,15 @@ class GradcheckReport:
 
     ``problems`` lists (kind, message) pairs about the forward as a whole (kinds in
     ``PROBLEM_KINDS``): a non-deterministic forward, a downcast to float32, a modified input.
+    ``warnings`` lists (kind, message) pairs (kinds in ``WARNING_KINDS``) that do not fail the
+    check: inputs where whole classes of bugs cannot show, precision a float32 backward loses.
     """
 
-    def __init__(self, title, per_tensor, problems, settings, *, strict=True, strict_kinks=False):
+    def __init__(self, title, per_tensor, problems, settings, *, strict=True, strict_kinks=False, warnings=()):
         self.title = title
         self.per_tensor: dict[str, TensorResult] = per_tensor
         self.problems: list[tuple[str, str]] = problems
+        self.warnings: list[tuple[str, str]] = list(warnings)
         self.settings = settings
         self.strict = strict
         self.strict_kinks = strict_kinks
@@ -134,6 +149,11 @@ class GradcheckReport:
         kinds = {r.hint_kind for r in self.per_tensor.values() if r.hint_kind}
         return kinds | {kind for kind, _ in self.problems}
 
+    @property
+    def warning_kinds(self) -> set:
+        """The kinds of the report's warnings (``WARNING_KINDS``)."""
+        return {kind for kind, _ in self.warnings}
+
     def summary(self) -> str:
         """The report as text (also ``str(report)`` and the message of ``GradcheckError``).
 
@@ -149,7 +169,10 @@ class GradcheckReport:
 
     def __repr__(self):
         n = len(self.per_tensor)
-        return f"<GradcheckReport {self.verdict}: {n} tensor(s), max rel err {self.max_rel_err:.1e}>"
+        warned = ""
+        if self.warnings:
+            warned = f", {len(self.warnings)} warning(s): {', '.join(k for k, _ in self.warnings)} (print it)"
+        return f"<GradcheckReport {self.verdict}: {n} tensor(s), max rel err {self.max_rel_err:.1e}{warned}>"
 
 
 class GradcheckError(AssertionError):
@@ -201,6 +224,8 @@ def _format_report(report) -> str:
                      "below ~1 % are undetectable; use the default dtype='float64'")
     for kind, message in report.problems:
         lines.append(f"PROBLEM ({kind}): {message}")
+    for kind, message in report.warnings:
+        lines.append(f"warning ({kind}): {message}")
     lines += ["", *_table(report.per_tensor.values()), ""]
     for r in report.per_tensor.values():
         if r.verdict != "ok":

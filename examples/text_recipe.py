@@ -1,9 +1,10 @@
 """What pretrain_mlm.py and train_text_gmlp.py share: the CIFAR examples' command line and run
-(``_common.py``: flags, checks, checkpoints, metrics, curves, resume), with text in place of images.
+(``cli.py``, ``run_files.py``: flags, checks, checkpoints, metrics, curves, resume), with text in
+place of images.
 
 A text run stores the tokenizer it was trained with inside its checkpoint (its vocabulary, in
 the checkpoint's metadata), and writes it beside ``checkpoint.npz``/``metrics.json``/``curves.png``
-as ``tokenizer.json`` too (plain JSON, ``tinymlp.text.Tokenizer.load``). A resumed run, and
+as ``tokenizer.json`` too (plain JSON, ``tinymlp.data.Tokenizer.load``). A resumed run, and
 fine-tuning from a pretrained checkpoint, take the tokenizer from the checkpoint itself, so a
 checkpoint is never paired with another run's tokenizer and ids always mean the same pieces.
 
@@ -19,23 +20,29 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (
-    CHECKPOINT, CONFUSION, CURVES, METRICS, MODEL_FLAGS, OWN_DATA, RUN, UsageError, _check_args, _check_classes,
-    _check_data_size, _check_resumable, _count, _explicit_flags, _loss, _parameters, _resume_path, _write_metrics,
-    check_out, confusion, guard, make_model, make_parser, model_args, resume_into,
+from cli import (
+    BEST, CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, UsageError, check_args, check_data_flags, check_data_size,
+    check_memory, count, explicit_flags, loss_function, make_model, make_parser, model_args, parameters,
+)
+from run_files import (
+    CONFUSION, OWN_DATA, RUN, check_classes, check_out, check_resumable, confusion, describe_test, final_test, guard,
+    keep_best, resume_into, resume_path, write_metrics,
 )
 
 from tinymlp import backend, checkpoint, data, optim, plot
-from tinymlp.models.text import text_config
-from tinymlp.text import Tokenizer
+from tinymlp.data.tokenizer import Tokenizer
+from tinymlp.models import config as preset_config
 from tinymlp.train import History, evaluate, fit, format_epoch
+
+__all__ = ["TOKENIZER", "add_file_flags", "csv_datasets", "held_out_validation", "main", "model_overrides", "run",
+           "text_parser", "tokenizer_for"]
 
 TOKENIZER = "tokenizer.json"
 IMAGE_ONLY = ("flip", "mixup", "cutmix")
 
 
 def text_parser(description, datasets, default_dataset, **defaults):
-    """_common's parser, its data flags reworded for text, plus the text model's flags."""
+    """cli's parser, its data flags reworded for text, plus the text model's flags."""
     p = make_parser(description)
     for action in p._actions:
         if action.dest == "dataset":
@@ -54,6 +61,10 @@ def text_parser(description, datasets, default_dataset, **defaults):
         elif action.dest == "test_fraction":
             action.help = ("--dataset csv without --test-file: F of each class's rows, chosen by a fixed seed, "
                            "are held out as the test set")
+        elif action.dest == "val_fraction":
+            action.help = ("F of each class's training rows, chosen by a fixed seed, are held out as the validation "
+                           "set: the per-epoch metrics and best.npz (the best epoch) come from it, and the test set is "
+                           "evaluated once, at the end. 0: no validation")
         elif action.dest in IMAGE_ONLY + ("optimizer", "schedule"):
             action.help = argparse.SUPPRESS       # image recipes: hidden here, refused if given
     for group in p._action_groups:
@@ -61,7 +72,7 @@ def text_parser(description, datasets, default_dataset, **defaults):
             group.title = "optimisation (AdamW, linear warmup then linear decay)"
     p.set_defaults(**{"batch_size": 32, "epochs": 10, **defaults})
     g = model_args(p)
-    g.title = "model (defaults: the small gMLP of the text presets, models/text.py)"
+    g.title = "model (defaults: the small gMLP of the text presets, tinymlp/models/presets.py)"
     g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence, [CLS] and [SEP] included")
     g.add_argument("--vocab-size", dest="max_vocab", type=int, default=8000,
                    help="at most this many pieces in the tokenizer trained on the data")
@@ -135,11 +146,11 @@ def model_overrides(args):
     return preset, overrides
 
 
-def run(parser, prepare, argv=None, lm=False) -> int:
-    """Parse, run ``_train(args, prepare)``; errors as one line and exit status 2 (as _common.main).
+def main(parser, prepare, argv=None, lm=False) -> int:
+    """Parse, run ``run(args, prepare)``; errors as one line and exit status 2 (as image_recipe.main).
     ``lm``: the script trains masked language models (pretrain_mlm.py), not classifiers."""
     args = parser.parse_args(argv)
-    return guard(lambda: _train(args, prepare, _explicit_flags(parser, argv), lm), argv)
+    return guard(lambda: run(args, prepare, explicit_flags(parser, argv), lm), argv)
 
 
 def tokenizer_for(out, corpus, vocab_size, resumed, pretrained=None, meta=None):
@@ -161,38 +172,46 @@ def tokenizer_for(out, corpus, vocab_size, resumed, pretrained=None, meta=None):
     return Tokenizer.train(corpus(), vocab_size=vocab_size)
 
 
-def _train(args, prepare, explicit, lm=False):
-    """``prepare(args, out, meta) -> dict`` gives: train/test loaders, tokenizer, preset, model kwargs,
-    a description of the data, and optionally ``init`` (a function run on a new model) and ``loss_fn``."""
-    _check_args(args)
+def run(args, prepare, explicit, lm=False):
+    """One training run of the parsed flags ``args`` (``explicit``: those given on the command line).
+    ``prepare(args, out, meta, preset, overrides) -> dict`` gives: the train, validation (``val``, or
+    None) and test (or None: a masked-LM run, whose held-out lines are its validation) loaders, the
+    tokenizer, preset, model kwargs, ``classes``, a description of the data and of its ``splits``,
+    and optionally ``init`` (a function run on a new model), ``loss_fn``, ``report``, ``done``."""
+    check_args(args)
     for name in IMAGE_ONLY:
         if name in explicit:
             raise UsageError(f"--{name} is for images; a text run has no such augmentation")
-    for name, only in (("optimizer", "adamw"), ("schedule", "linear")):   # flags _common may offer
+    for name, only in (("optimizer", "adamw"), ("schedule", "linear")):   # flags cli.make_parser offers
         if getattr(args, name, only) != only:
             raise UsageError(f"--{name} {getattr(args, name)}: the text examples train with AdamW and linear decay")
     backend.module_for_device(args.device)
     preset, overrides = model_overrides(args)
-    out = Path(args.out or Path("runs") / parser_name(args, preset, overrides))
-    resume = _resume_path(args, out)
+    out = Path(args.out or Path("runs") / _run_name(args, preset, overrides))
+    resume = resume_path(args, out)
     if resume is not None and args.out is None:
         out = resume.parent
     meta = checkpoint.read_meta(resume) if resume else None
     if meta is not None:
-        _check_resumable(resume, meta, args, explicit, script="pretrain_mlm.py" if lm else "train_text_gmlp.py")
+        check_resumable(resume, meta, args, explicit, script="pretrain_mlm.py" if lm else "train_text_gmlp.py")
+    check_data_flags(args)
     check_out(args, out, resume)
-    _check_data_size(args, bytes_per_example=8 * getattr(args, "seq_len", 128))
+    check_data_size(args, bytes_per_example=8 * getattr(args, "seq_len", 128))
+    if meta is None and not getattr(args, "pretrained", None):    # too big: refused before data and tokenizer
+        bound = {**overrides, "vocab_size": args.max_vocab, "num_classes": 0 if lm else 2, "lm_head": lm}
+        cls, kwargs = preset_config(preset, **bound)
+        check_memory(cls, kwargs, args, explicit, parameters(preset, bound), kwargs.get("seq_len"), MODEL_FLAGS)
     job = prepare(args, out, meta, preset, overrides)
     classes = job.get("classes")
     if meta is not None and classes is not None:
-        _check_classes(resume, meta, classes)
-    train_loader, test_loader, tok = job["train"], job["test"], job["tokenizer"]
+        check_classes(resume, meta, classes)
+    train_loader, val_loader, test_loader, tok = job["train"], job.get("val"), job.get("test"), job["tokenizer"]
     if len(train_loader) == 0:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the training set")
 
     name, config = (meta["preset"], meta["model_config"]) if meta else (job["preset"], job["overrides"])
-    cls, kwargs = text_config(name, **config)
-    model = make_model(cls, kwargs, args, explicit, params=_parameters(name, config), tokens=kwargs.get("seq_len"),
+    cls, kwargs = preset_config(name, **config)
+    model = make_model(cls, kwargs, args, explicit, params=parameters(name, config), tokens=kwargs.get("seq_len"),
                        flags=MODEL_FLAGS)
     if meta is None and job.get("init"):
         job["init"](model)
@@ -209,48 +228,74 @@ def _train(args, prepare, explicit, lm=False):
 
     print(f"{cls.__name__} ({name}{', aMLP' if kwargs.get('attn_dim') else ''}): {model.num_parameters():,} "
           f"parameters | {job['describe']} | {len(tok):,} pieces, {kwargs['seq_len']} tokens | {args.device} | "
-          f"{_count(args.epochs, 'epoch')} x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} "
+          f"{count(args.epochs, 'epoch')} x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
     out.mkdir(parents=True, exist_ok=True)
+    if meta is None:                                 # a new run (--overwrite): no best epoch of another one
+        (out / BEST).unlink(missing_ok=True)
     RUN.update(out=out, resume=resume, started=time.time())
     tok.save(out / TOKENIZER)      # this run's, also over an older run's file (--overwrite)
     show = False if args.no_progress else None
     bars = show is None and sys.stderr.isatty()
-    loss_fn = job.get("loss_fn") or _loss(args.label_smoothing)
-    report = job.get("report", lambda hist: format_epoch(hist, args.epochs, val_name="test", unit="samples"))
+    loss_fn = job.get("loss_fn") or loss_function(args.label_smoothing)
+    val_name = "held-out" if lm else "validation"
+    report = job.get("report", lambda hist: format_epoch(hist, args.epochs, val_name=val_name, unit="samples"))
+    preprocess = {"kind": "text", "seq_len": int(kwargs["seq_len"]), "paired": bool(job.get("paired"))}
+    splits = job.get("splits")
 
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
                         rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
                         classes=None if classes is None else list(classes), args=vars(args),
-                        tokenizer=tok.to_dict())
-        _write_metrics(out, args, model, hist)
-        plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}")
+                        tokenizer=tok.to_dict(), preprocess=preprocess)
+        keep_best(out, epoch, hist, lower_loss=lm)
+        write_metrics(out, args, model, hist, splits, lower_loss=lm)
+        plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}", val_name=val_name)
         if not bars:
             print(report(hist), flush=True)
 
     if start < args.epochs:
-        fit(model, opt, train_loader, test_loader, epochs=args.epochs, scheduler=sched, clip=args.clip or None,
+        fit(model, opt, train_loader, val_loader, epochs=args.epochs, scheduler=sched, clip=args.clip or None,
             callbacks=[save_run], progress=show, limit_batches=args.limit_batches, loss_fn=loss_fn,
-            start_epoch=start, history=history, unit="samples")
+            start_epoch=start, history=history, unit="samples", val_name=val_name)
     else:
-        print(f"{_count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
-    if history.val_acc and history.val_acc[-1] is not None:
-        test_loss, test_acc = history.val_loss[-1], history.val_acc[-1]
-    else:
-        test_loss, test_acc = evaluate(model, test_loader, args.limit_batches, loss_fn)
-    _write_metrics(out, args, model, history)
-    plotted = args.dataset in OWN_DATA and classes is not None
+        print(f"{count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
+    if test_loader is not None:                      # the test set, once, at the end
+        test = final_test(out, model, test_loader, history, args.limit_batches, loss_fn)
+        summary = f"done: {describe_test(test)}"
+    else:                                            # a masked LM: its held-out lines are all it has
+        test = None
+        if history.val_loss and history.val_loss[-1] is not None:
+            loss, acc = history.val_loss[-1], history.val_acc[-1]
+        else:
+            loss, acc = evaluate(model, val_loader, args.limit_batches, loss_fn)
+        summary = job["done"](loss, acc)
+    write_metrics(out, args, model, history, splits, test, lower_loss=lm)
+    plotted = args.dataset in OWN_DATA and classes is not None and test_loader is not None
     if plotted:
         confusion(model, test_loader, classes, out / CONFUSION, args.limit_batches,
-                  title=f"{name} on {Path(args.train_file).name}: test set")
+                  title=f"{name} on {Path(args.train_file).name}: test set, {test['used']}")
     speed = f" | {history.images_per_sec[-1]:,.0f} samples/s training" if history.images_per_sec else ""
-    print(job["done"](test_loss, test_acc) + f"{speed} | {_count(len(history), 'epoch')} | outputs in {out}/ "
-          f"({CHECKPOINT}, {METRICS}, {CURVES}, {TOKENIZER}{', ' + CONFUSION if plotted else ''})")
+    files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, CURVES, TOKENIZER]
+    print(summary + f"{speed} | {count(len(history), 'epoch')} | outputs in {out}/ "
+          f"({', '.join(files + ([CONFUSION] if plotted else []))})")
     return 0
 
 
-def parser_name(args, preset, overrides):
+def held_out_validation(args, train):
+    """(train, validation or None): --val-fraction of each class of the TextDataset ``train`` held out
+    by a fixed seed (another seed than the test split's). Too few rows to hold any out: a note, and
+    no validation set."""
+    if not args.val_fraction:
+        return train, None
+    if not len(data.held_out_split(train.labels, args.val_fraction, 1)[1]):
+        print(f"note: too few training rows to hold {args.val_fraction:g} of each class out for validation: "
+              "training without a validation set (no best.npz)")
+        return train, None
+    return data.split_text_dataset(train, args.val_fraction, seed=1, held_out="validation")
+
+
+def _run_name(args, preset, overrides):
     extra = [f"{k}{v}" for k, v in sorted(overrides.items()) if v is not None and k not in ("seq_len",)]
     return "_".join([preset.replace("gmlp", "amlp") if overrides.get("attn_dim") else preset, args.dataset]
                     + [e for e in extra if not e.startswith("attn_dim")])

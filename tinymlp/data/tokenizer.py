@@ -11,11 +11,13 @@ Three steps turn text into ids:
 1. **Words.** Normalise the text to Unicode NFKC (so that "ﬁ", full-width "Ａ" and a letter
    written with a separate combining accent all read as the usual characters; the vocabulary
    learned and the text cut with it are normalised alike), lowercase it (``lowercase=True``),
-   then split it into words and single punctuation marks (``_words``):
+   then split it into words and single punctuation marks (``split_words``):
    a word is a run of letters, digits, "_" and combining marks, so accents, Devanagari vowel signs
    and viramas stay with their letters; each CJK ideograph is a word of its own, as in BERT's
    basic tokenizer (Chinese is written without spaces; kana and Hangul stay in runs); any other
-   character that is not a space is a punctuation mark. "[MASK]" or "[SEP]" written in the text
+   character that is not a space is a punctuation mark or a symbol (an emoji with its skin tone,
+   variation selector and zero-width-joined parts is one symbol, "👩🏽‍💻", and so are the two
+   letters of a flag, "🇫🇷"). "[MASK]" or "[SEP]" written in the text
    are ordinary characters ("[", "mask", "]"): only ``special_tokens=True`` reads them as the
    special tokens (to write a masked sentence by hand).
 2. **Subwords.** A word is cut into the longest pieces found in the vocabulary, left to right
@@ -47,9 +49,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write
+from ..files import atomic_write
+from .loader import as_count
 
-__all__ = ["PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "Tokenizer"]
+__all__ = ["PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "Tokenizer", "split_words"]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)          # ids 0..4, in this order
@@ -96,7 +99,9 @@ class Tokenizer:
     @classmethod
     def train(cls, texts, vocab_size: int = 8000, min_frequency: int = 2, lowercase: bool = True):
         """Learn a vocabulary of at most ``vocab_size`` pieces from ``texts`` (an iterable of str)."""
-        counts = Counter(w for t in texts for w in _words(t, lowercase) if len(w) <= MAX_WORD)
+        vocab_size = as_count(vocab_size, "Tokenizer.train: vocab_size", minimum=len(SPECIAL_TOKENS) + 1)
+        min_frequency = as_count(min_frequency, "Tokenizer.train: min_frequency")
+        counts = Counter(w for t in texts for w in split_words(t, lowercase) if len(w) <= MAX_WORD)
         words = [[w[0]] + [CONTINUE + c for c in w[1:]] for w in counts]   # each word as its characters
         freq = list(counts.values())
         vocab = list(SPECIAL_TOKENS) + sorted({p for w in words for p in w})
@@ -138,7 +143,7 @@ class Tokenizer:
         ``special_tokens=True``: "[MASK]", "[SEP]", ... written in ``text`` are those tokens
         (by default they are ordinary text, so that user text can never forge them)."""
         pieces = []
-        for word in _words(text, self.lowercase, special_tokens):
+        for word in split_words(text, self.lowercase, special_tokens):
             pieces.extend(self._cut(word))
         return pieces
 
@@ -169,6 +174,8 @@ class Tokenizer:
 
         Lists of ints; ``max_len=None``: neither cut nor padded. ``special_tokens``: as in
         ``tokenize`` (off: "[SEP]" in the text is not a separator)."""
+        if max_len is not None:
+            max_len = as_count(max_len, "Tokenizer.encode: max_len")
         a = self.to_ids(text, special_tokens)
         b = self.to_ids(pair, special_tokens) if pair is not None else None
         if max_len is not None:
@@ -198,9 +205,18 @@ class Tokenizer:
         return ids, segments
 
     def decode(self, ids, skip_special: bool = True) -> str:
-        """Text from ids: continuation pieces glued to the previous piece, words joined by spaces."""
+        """Text from ids: continuation pieces glued to the previous piece, words joined by spaces.
+
+        An id outside [0, vocabulary size) is refused with a ValueError (a negative one would
+        otherwise read the vocabulary from its end)."""
+        ids = [_as_id(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        bad = [i for i in ids if not 0 <= i < len(self.vocab)]
+        if bad:
+            raise ValueError(f"Tokenizer.decode: id {bad[0]} is outside this tokenizer's vocabulary of "
+                             f"{len(self.vocab)} pieces (ids 0..{len(self.vocab) - 1}); decode ids with the tokenizer "
+                             "that encoded them")
         out = []
-        for i in (int(i) for i in ids):
+        for i in ids:
             piece = self.vocab[i]
             if skip_special and piece in SPECIAL_TOKENS:
                 continue
@@ -269,6 +285,13 @@ class Tokenizer:
         return cls(vocab, lowercase)
 
 
+def _as_id(value) -> int:
+    """A token id as an int: whole numbers only (a float or a boolean is not an id)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Tokenizer.decode: ids must be whole numbers, got {value!r} of type {type(value).__name__}")
+    return int(value)
+
+
 def _line_of(text, index):
     """", line N" of the ``index``-th element of the "vocab" list in ``text`` (JSON as ``save``
     writes it: one piece a line), or "" when it cannot be told."""
@@ -291,7 +314,8 @@ _CJK_SPLIT = re.compile(f"[{CJK}]|[^{CJK}]+")
 
 @functools.lru_cache(maxsize=2)
 def _pattern(special_tokens):
-    """Words (runs of letters, digits, "_" and combining marks) and single punctuation marks; with
+    """Words (runs of letters, digits, "_" and combining marks) and single punctuation marks or
+    symbols (an emoji sequence is one symbol: ``SYMBOL``); with
     ``special_tokens``, the special tokens written whole first. Built on first use: the combining
     marks (Unicode categories Mn, Mc, Me) are read from ``unicodedata``, as ranges."""
     ranges, start = [], None
@@ -303,10 +327,18 @@ def _pattern(special_tokens):
             ranges.append(re.escape(chr(start)) + ("" if c - 1 == start else "-" + re.escape(chr(c - 1))))
             start = None
     word = rf"[\w{''.join(ranges)}]+"
-    return re.compile("|".join(([SPECIAL] if special_tokens else []) + [word, r"[^\w\s]"]))
+    return re.compile("|".join(([SPECIAL] if special_tokens else []) + [word, EMOJI_FLAG, SYMBOL]))
 
 
-def _words(text, lowercase, special_tokens=False):
+# A symbol and what belongs to it: an emoji's skin tone, variation selector, keycap and tag
+# characters, and the emoji it is joined to by zero-width joiners ("👩🏽‍💻" is one symbol); two
+# regional indicators are one flag ("🇫🇷").
+_MODIFIER = "[\U0001F3FB-\U0001F3FF\uFE0E\uFE0F\u20E3\U000E0020-\U000E007F]"
+SYMBOL = rf"[^\w\s]{_MODIFIER}*(?:\u200D[^\w\s\u200D]{_MODIFIER}*)*"
+EMOJI_FLAG = "[\U0001F1E6-\U0001F1FF]{2}"
+
+
+def split_words(text, lowercase, special_tokens=False):
     """``text`` normalised, lowercased and split into words and punctuation marks, each CJK
     ideograph a word of its own."""
     if not isinstance(text, str):

@@ -29,16 +29,11 @@ for epochs, where the silent start learned. gMLP needs no position embedding (W 
 positions); ``position="learned"`` or ``"sinusoidal"`` adds one (the fixed sinusoidal table is
 scaled by 0.02, the size of the token embeddings, which it would drown otherwise).
 
-Presets (``TEXT_PRESETS``): the course work's Table 6 SGU variants at a small scale, and the
-sizes of its Tables 7-9 (18 and 36 layers, C = 512, d_ffn = 3072, BERT's 30,522-piece vocabulary,
-S = 128), whose analytic parameter counts ``text_num_parameters`` reproduces: 58.5M for the
-18-layer gMLP (Table 7: 59M), 101.4M for the 36-layer one (102M). Table 6's non-split variants
-(92M) fit d_ffn = 2048 = 4C (the gate is not halved, so a narrower Z keeps the size): 92.0M.
+The course work's text configurations are presets beside the image ones:
+``tinymlp.models.create("gmlp_text18")``, ``num_parameters("gmlp_text18")`` (``presets.py``).
 """
 
 from __future__ import annotations
-
-import inspect
 
 import numpy as np
 
@@ -46,13 +41,12 @@ from ..backend import array_module
 from ..nn import Embedding, LayerNorm, Linear, Module, ModuleList, PositionEmbedding, TiedLMHead, init
 from ..ops import reshape
 from ..tensor import Tensor
-from .gmlp import GMLPBlock, gate_width
+from .gmlp import GMLPBlock
 from .vit import sinusoidal_embedding
 
-__all__ = ["TEXT_PRESETS", "TEXT_PAPER_PARAMETERS", "TextGMLP", "text_config", "text_create",
-           "text_num_parameters"]
+__all__ = ["TextGMLP"]
 
-PAD_ID, SEP_ID, MASK_ID = 0, 3, 4      # tinymlp.text's ids of [PAD], [SEP] and [MASK]
+PAD_ID, SEP_ID, MASK_ID = 0, 3, 4      # tinymlp.data.tokenizer's ids of [PAD], [SEP] and [MASK]
 
 
 def _ids_array(ids):
@@ -160,68 +154,3 @@ class TextGMLP(Module):
 
 def xp_max(a, floor):
     return array_module(a).maximum(a, floor)
-
-
-# --------------------------------------------------------------------------- presets
-_BERT_VOCAB = 30_522
-_SMALL = dict(vocab_size=8000, seq_len=128, dim=128, depth=6, num_classes=2)
-_PAPER = dict(vocab_size=_BERT_VOCAB, seq_len=128, dim=512, num_classes=2)
-
-TEXT_PRESETS = {
-    # course work Table 6 (SGU variants, MLM perplexity) at a small scale: C = 128, 6 blocks;
-    # d_ffn = 4C for the unsplit gates and 6C for split, as the paper's 92M / 102M imply
-    "gmlp_text_linear": dict(_SMALL, ffn_dim=512, sgu_variant="linear"),
-    "gmlp_text_additive": dict(_SMALL, ffn_dim=512, sgu_variant="additive"),
-    "gmlp_text_multiplicative": dict(_SMALL, ffn_dim=512, sgu_variant="multiplicative"),
-    "gmlp_text_split": dict(_SMALL, ffn_dim=768, sgu_variant="split"),
-    "amlp_text_split": dict(_SMALL, ffn_dim=768, sgu_variant="split", attn_dim=64),
-    # Table 6 at full size (36 blocks, C = 512)
-    "gmlp_mlm36_multiplicative": dict(_PAPER, depth=36, ffn_dim=2048, sgu_variant="multiplicative"),
-    "gmlp_mlm36_split": dict(_PAPER, depth=36, ffn_dim=3072),
-    # Tables 7-9: the 18-layer models (d_attn = 64 for aMLP)
-    "gmlp_text18": dict(_PAPER, depth=18, ffn_dim=3072),
-    "amlp_text18": dict(_PAPER, depth=18, ffn_dim=3072, attn_dim=64),
-    "tmlp_text18": dict(_PAPER, depth=18, ffn_dim=3072, toeplitz="1d"),   # Table 8's Toeplitz "tMLP"
-}
-
-# The papers' counts in millions (Table 6: 92 unsplit, 102 split; Table 7: gMLP 18 layers 59M).
-TEXT_PAPER_PARAMETERS = {"gmlp_mlm36_multiplicative": 92, "gmlp_mlm36_split": 102, "gmlp_text18": 59}
-
-
-def text_config(name, **overrides):
-    """(TextGMLP, keyword arguments) of preset ``name`` with ``overrides`` applied."""
-    if name not in TEXT_PRESETS:
-        raise KeyError(f"unknown text preset {name!r}; available: {', '.join(TEXT_PRESETS)}")
-    return TextGMLP, {**TEXT_PRESETS[name], **overrides}
-
-
-def text_create(name, **overrides):
-    cls, kwargs = text_config(name, **overrides)
-    return cls(**kwargs)
-
-
-def text_num_parameters(name=None, include_head=True, **config):
-    """Parameters of a preset (or of a TextGMLP ``config``), counted without building it."""
-    c = {**_defaults(), **(TEXT_PRESETS[name] if name else {}), **config}
-    V, S, D, F = c["vocab_size"], c["seq_len"], c["dim"], c["ffn_dim"]
-    width = gate_width(F, c["sgu_variant"])
-    gate = width if c["sgu_variant"] == "split" else F
-    spatial = {None: S * S, "1d": 2 * S - 1}[c["toeplitz"] or None]
-    block = (2 * D + D * F + F                            # LN, proj_in
-             + 2 * gate + spatial + S                     # SGU: LN of the gate, W, b
-             + width * D + D)                             # proj_out
-    if c["attn_dim"]:
-        a = c["attn_dim"]
-        block += D * 3 * a + a * width + width            # tiny attention: qkv (no bias), out
-    total = V * D + c["depth"] * block + 2 * D            # token table, blocks, final LN
-    total += 2 * D if c["segments"] else 0
-    total += S * D if c["position"] == "learned" else 0
-    if include_head:
-        total += (D * c["num_classes"] + c["num_classes"]) if c["num_classes"] else 0
-        total += V if c["lm_head"] else 0                 # the tied head's own bias
-    return total
-
-
-def _defaults():
-    return {k: p.default for k, p in inspect.signature(TextGMLP.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}

@@ -38,30 +38,36 @@ This file is the method, top to bottom. ``help(tinymlp.gradcheck)`` says how to 
    fails, INCONCLUSIVE if at least half of its checks are unverified, NONDIFF if its only
    failures sit on a kink (ReLU at 0: reported, not a failure unless ``strict_kinks``), else ok.
 
-Around the method (``tinymlp/_gradcheck/``): ``plan.py`` names and copies what is checked;
+Around the method (beside it in ``tinymlp/gradcheck/``): ``plan.py`` names and copies what is checked;
 ``checks.py`` verifies that the forward can be differentiated at all (deterministic, float64
 throughout, inputs unmodified) and that backward is linear in ``g``, samples large tensors, and
 asks whether a failing numerical estimate can be trusted (kinks, eps, lost precision);
-``diagnose.py`` writes the ``pattern`` / ``likely`` lines; ``report.py`` the report itself.
+``state.py`` calls forward on other inputs in between (state kept from call to call, a saved
+buffer the next call overwrites); ``precision.py`` runs a float32 layer's backward in float32
+too; ``degenerate.py`` warns of inputs where whole classes of bugs cannot show; ``diagnose.py``
+(with ``hints.py`` and ``rows.py``) writes the ``pattern`` / ``likely`` lines; ``report.py`` the
+report itself.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from ._gradcheck import checks
-from ._gradcheck.diagnose import diagnose, diagnose_across, explain_engine_error
-from ._gradcheck.plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
-from ._gradcheck.report import (  # noqa: F401 (re-exported)
-    FAIL, HINT_KINDS, NONDIFF, PASS, PROBLEM_KINDS, UNVERIFIED,
-    ElementCheck, GradcheckError, GradcheckReport, Settings, TensorResult,
+from ..autograd import no_grad
+from ..backend import device_of, is_float_dtype, to_device
+from ..tensor import Tensor
+from . import checks, precision, state
+from .degenerate import degenerate_inputs
+from .diagnose import diagnose, diagnose_across, explain_engine_error
+from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
+from .report import (
+    FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, GradcheckWarning, Settings,
+    TensorResult,
 )
-from .autograd import no_grad
-from .backend import device_of, is_float_dtype, to_device
-from .tensor import Tensor
 
-__all__ = ["HINT_KINDS", "GradcheckError", "GradcheckReport", "TensorResult", "ElementCheck",
-           "gradcheck", "numerical_grad"]
+__all__ = ["gradcheck", "numerical_grad"]
 
 # Per check dtype: (eps, rtol, atol floor).
 DEFAULTS = {
@@ -100,8 +106,12 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
 
     Reading a report (``print(report)`` or ``report.summary()``):
 
-    * the header: the settings (mode, check dtype, eps, tolerances, noise floor, seed), and any
-      ``PROBLEM`` with the forward as a whole (random, downcast to float32, modified an input);
+    * the header: the settings (mode, check dtype, eps, tolerances, noise floor, seed), any
+      ``PROBLEM`` with the forward as a whole (random, stateful, downcast to float32, modified an
+      input, a saved array the next call overwrites), and any ``warning``: inputs where a whole
+      class of bugs cannot show (all ones or zeros, a batch of one, whole numbers), or a float32
+      backward that loses precision. Warnings do not fail the check; a passing check also issues
+      them as ``GradcheckWarning``s;
     * a table, one row per checked tensor: elements checked (in sampled mode, "64 of 100000"),
       how many fail or are only unverified, the largest errors, and a verdict;
     * for each tensor that is not ok: its worst elements (index, numerical, analytical, both
@@ -130,6 +140,7 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
                                   kwargs=kwargs, seed=seed)
     run = checks.Run(plan, settings, Evaluator(fn, plan.args, dict(kwargs or {}), before_forward, plan.xp),
                      seed, upstream=upstream, n_coords=n_coords, n_proj=n_proj, topk=topk)
+    run.replan = lambda check_dtype: collect(fn, inputs, params, wrt, exclude, names, check_dtype)  # other dtypes
 
     # 2. The forward as a whole (and g), 3.-4. every tensor: backward, central differences, compare.
     results = {}
@@ -137,21 +148,30 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
         plan.swap_in()
         run.problems += checks.check_forward(run, make_upstream)
         if not run.problems:
+            run.problems += state.forward_state(run)
+        if not run.problems:
             results = check_gradients(run)
     except checks.Fatal as fatal:
         run.problems.append((fatal.kind, fatal.message))
     finally:
         plan.swap_out()
+    warned = degenerate_inputs(plan)
+    if results and not run.problems:  # the layer's own float32 backward against its float64 one
+        warned += precision.float32_backward(run, results)
     if not results:  # the gradients could not be compared
         results = {c.name: checks.unchecked_result(c, run.problems) for c in plan.checked}
     settings.restored = plan.originals_unchanged() and run.working_restored
     if not settings.restored:
         run.problems.append(("not_restored", "an input or parameter was not restored bit for bit"))
 
-    report = GradcheckReport(describe(fn), results, run.problems, settings,
-                             strict=strict, strict_kinks=strict_kinks)
+    report = GradcheckReport(describe(fn), results, run.problems, settings, strict=strict,
+                             strict_kinks=strict_kinks, warnings=warned)
     if raise_on_fail and not report.passed:
         raise GradcheckError(report)
+    if report.passed:  # a pass at a point where some bugs cannot show must not be silent
+        for kind, message in report.warnings:
+            warnings.warn(GradcheckWarning(f"gradcheck passed for {report.title}, but ({kind}) {message}"),
+                          stacklevel=2)
     return report
 
 
@@ -289,6 +309,8 @@ def check_gradients(run) -> dict:
     checks.backward_left_inputs_alone(run)
     if not errors:
         run.problems += checks.backward_in_place(run)
+    if not errors and not run.problems:
+        run.problems += state.saved_state(run, grads)
     results = {}
     for k, c in enumerate(run.checked):
         result = results[c.name] = TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype)
@@ -304,6 +326,7 @@ def check_gradients(run) -> dict:
         if result.n_fail:  # can the numerical side be trusted?
             result.trust = checks.stability(run, c, elements)
             checks.lost_precision(run, c, result, elements, classify)
+            precision.float32_failure(run, c, result, elements, classify)
         diagnose(run, c, result, elements, missing, linear)
     diagnose_across(run, results)
     checks.name_sources(run, results)

@@ -49,7 +49,8 @@ class Run:
         self.plan, self.settings, self.ev = plan, settings, ev
         self.upstream = upstream  # "random", "ones" or the caller's arrays
         self.checked = plan.checked
-        self.seeds = np.random.SeedSequence(seed).spawn(len(plan.checked) + 1)
+        seeds = np.random.SeedSequence(seed).spawn(len(plan.checked) + 2)
+        self.seeds, self.other_seed = seeds[:-1], seeds[-1]  # other_seed: the other inputs of state.py
         self.n_coords, self.n_proj, self.topk = n_coords, n_proj, topk
         self.L0 = None
         self.sizes = {}  # dimension size -> where it comes from (for mean-vs-sum hints)
@@ -198,8 +199,8 @@ def backward_in_place(run):
         c.tensor.grad = None
     with enable_grad():
         outputs = run.ev.outputs()
-    nodes = _graph_nodes(outputs)
-    saved = {id(node): _arrays_of(node) for node in nodes}
+    nodes = graph_nodes(outputs)
+    saved = {id(node): arrays_of(node) for node in nodes}
     before = {key: [(label, arr, host(arr).copy()) for label, arr in arrays] for key, arrays in saved.items()}
     upstream = [g.reshape(y.shape).copy() for y, g in zip(outputs, run.ev.upstream)]
     given = [u.copy() for u in upstream]
@@ -210,7 +211,7 @@ def backward_in_place(run):
     problems = []
     for y, g, u in zip(outputs, given, upstream):
         if y.requires_grad and not same_bits(g, u) and y._ctx is not None and hasattr(y._ctx, "fn"):
-            name = _function_name(y._ctx)
+            name = function_name(y._ctx)
             problems.append(("mutated_upstream",
                              f"{name}.backward changed its incoming gradient in place (g *= ..., g[...] = ...): "
                              "the engine may hand that array to other Functions too; compute the result in a "
@@ -219,7 +220,7 @@ def backward_in_place(run):
         for label, arr, copy in before[id(node)]:
             if not same_bits(arr, copy):
                 problems.append(("mutated_saved",
-                                 f"{_function_name(node)}.backward changed {label} in place: a second backward "
+                                 f"{function_name(node)}.backward changed {label} in place: a second backward "
                                  "through this graph (retain_graph=True) would use the changed values; compute "
                                  "into a new array (y = y * y, not y *= y)"))
     if not problems:
@@ -239,7 +240,7 @@ def backward_in_place(run):
     return problems
 
 
-def _graph_nodes(outputs):
+def graph_nodes(outputs):
     """The Function nodes (Contexts) of the graph behind the outputs."""
     nodes, seen = [], set()
     stack = [y._ctx for y in outputs if getattr(y, "_ctx", None) is not None]
@@ -253,7 +254,7 @@ def _graph_nodes(outputs):
     return nodes
 
 
-def _arrays_of(node):
+def arrays_of(node):
     """(label, array) for each array a node keeps for backward: saved tensors, then ctx attributes."""
     arrays = [(f"ctx.saved_tensors[{i}]", a) for i, a in enumerate(getattr(node, "saved_tensors", ()) or ())
               if hasattr(a, "shape") and hasattr(a, "dtype")]
@@ -265,7 +266,7 @@ def _arrays_of(node):
     return arrays
 
 
-def _function_name(node):
+def function_name(node):
     fn = getattr(node, "fn", None)
     return getattr(getattr(fn, "reference", fn), "__name__", "a Function")
 
@@ -564,7 +565,7 @@ def unchecked_result(c, problems):
     short = {"mutated_input": "forward modifies its input in place", "downcast": "forward returns float32",
              "nondeterministic": "forward is random or stateful", "no_output": "fn returns no float Tensor",
              "unpromoted_tensor": "fn uses a tensor that requires grad without being an input",
-             }.get(kind, "the forward cannot be checked")
+             "stateful": "forward keeps state from call to call"}.get(kind, "the forward cannot be checked")
     return TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype, verdict="INCONCLUSIVE",
                         hint=f"not checked: {short} (PROBLEM ({kind}) above)" if kind else "not checked")
 
@@ -592,7 +593,7 @@ def _name_sources(run, results, failing):
     with enable_grad():
         outputs = run.ev.outputs()
     uses = {}
-    for node in _graph_nodes(outputs):
+    for node in graph_nodes(outputs):
         for i, parent in enumerate(getattr(node, "parents", ())):
             if id(parent) in failing:
                 uses.setdefault(id(parent), []).append((node, i))

@@ -11,8 +11,11 @@ failing elements have in common, most specific clue first:
 * only some elements are off, by one factor: which ones (where the input is positive, which
   rows), and that the others are right;
 * the analytical gradient is the numerical one transposed, or another tensor's (swapped);
+* a factor equal to an input's value, per element or per row; failing rows that are the ids an
+  integer input repeats; a backward right on each row alone but wrong in the batch (``hints.py``);
 * every element fails without a simple pattern: what is still known (signs, correlation, the
-  range of a / n, an error proportional to an input times g).
+  range of a / n, an error proportional to an input times g, an error shaped by a reduction
+  over each row or over the wrong axis: ``rows.py``).
 
 ``explain_engine_error`` does the same for a gradient the engine rejected outright (wrong
 shape or dtype: a transpose, a broadcast input whose gradient was not summed).
@@ -27,7 +30,9 @@ import math
 import numpy as np
 
 from ..backend import to_device
+from . import hints
 from .report import FAIL, PASS
+from .rows import row_hint, wrong_axis
 
 
 def diagnose(run, c, result, checks, missing, linear):
@@ -35,7 +40,7 @@ def diagnose(run, c, result, checks, missing, linear):
     if not linear and result.verdict != "FAIL":  # backward(2g) != 2 backward(g) is a failure in itself
         result.verdict = "FAIL"
         result.worst = [ch for ch in result.worst if ch.status == FAIL]
-    if result.hint_kind == "low_precision":  # checks.lost_precision has said it all
+    if result.hint_kind in ("low_precision", "precision_loss"):  # checks.lost_precision or precision.py said it
         return
     if result.verdict == "NONDIFF":
         _explain_kink(run, c, result)
@@ -101,7 +106,10 @@ def _explain_failure(run, c, result, checks, missing, linear):
         ratio = _common_ratio(run, elements)
         location = _location(checks, c.tensor.shape, name)
         subset = _which_fail(c, checks)
-        if ratio is not None and (ratio[2] >= 2 or location is None) and _ratio_hint(run, result, *ratio):
+        if hints.repeated_index(run, c, result, checks):
+            pass
+        elif ratio is not None and (ratio[2] >= 2 or location is None) and _ratio_hint(run, c, result, elements,
+                                                                                        *ratio):
             if subset is not None:
                 _only_some(result, ratio[0], subset)
             elif location is not None:
@@ -112,6 +120,8 @@ def _explain_failure(run, c, result, checks, missing, linear):
                 result.pattern += f"; there analytical / numerical = {ratio[0]:.4g}"
             if subset is not None:
                 result.pattern += f"; the other {subset[2] - subset[1]} elements are right"
+        elif hints.input_factor(run, c, result, elements) or hints.row_factor(run, c, result, elements):
+            pass
         elif _transpose_hint(run, result) or _swapped_halves(run, c, result):
             pass
         elif len(elements) == n_elements:
@@ -162,36 +172,6 @@ def _swapped_halves(run, c, result):
                            "forward's split order")
             return True
     return False
-
-
-def _row_structure(run, c, result):
-    """The error a - n has the shape of a normalisation's row terms along one axis:
-    ("row_constant", axis) when it is constant along the axis in each row, ("row_terms", axis)
-    when it is a + b x_hat in each row (x_hat: the row of the checked tensor, normalised);
-    else None. Needs every element (full mode) and rows of at least 4."""
-    a, n = result.analytical, result.numerical
-    if a is None or n is None or np.isnan(n).any() or a.ndim == 0:
-        return None
-    err = a - n
-    scale = np.linalg.norm(err)
-    if scale == 0:
-        return None
-    x = np.asarray(to_device(c.tensor.data, "cpu"), dtype=np.float64)
-    for axis in sorted(range(a.ndim), key=lambda k: k != a.ndim - 1):  # the last axis first
-        if a.shape[axis] < 4:
-            continue
-        e = np.moveaxis(err, axis, -1)
-        constant = e - e.mean(axis=-1, keepdims=True)
-        if np.linalg.norm(constant) <= 1e-3 * scale:
-            return "row_constant", axis
-        xc = np.moveaxis(x, axis, -1)
-        xc = xc - xc.mean(axis=-1, keepdims=True)
-        # remove the projection on 1 (done above) and on the centred row, row by row
-        denom = (xc * xc).sum(axis=-1, keepdims=True)
-        beta = np.where(denom > 0, (constant * xc).sum(axis=-1, keepdims=True) / np.where(denom > 0, denom, 1), 0)
-        if np.linalg.norm(constant - beta * xc) <= 1e-3 * scale:
-            return "row_terms", axis
-    return None
 
 
 def _which_fail(c, checks):
@@ -255,27 +235,15 @@ def _still_known(run, c, result, elements):
         facts.append(f"analytical / numerical from {ratios.min():.3g} to {ratios.max():.3g} (no single factor)")
     result.pattern = f"all {len(a)} elements fail; " + "; ".join(facts)
     result.hint_kind = "wrong_formula"
+    if hints.batch_mixed(run, c, result):
+        return
     exact, one_sign = _error_against_inputs(run, c, elements, a - n)
     if exact is not None:
         result.pattern += f"; analytical - numerical = {exact} exactly"
         result.hint = (f"the error is proportional to an input: backward has a term {exact} too many "
                        "(or with the wrong sign or factor); compare that term with the derivation")
         return
-    rows = _row_structure(run, c, result)
-    if rows is not None:
-        kind, axis = rows
-        result.hint_kind = kind
-        if kind == "row_constant":
-            result.pattern += f"; analytical - numerical is constant along axis {axis} in each row"
-            result.hint = (f"a term like g.mean(axis={axis}, keepdims=True) is missing or extra in backward: the "
-                           "error is the same for every element of a row (the row-mean term of a normalisation, "
-                           "or a term that should be summed over the row)")
-        else:
-            result.pattern += (f"; analytical - numerical is, in each row along axis {axis}, a combination of 1 and "
-                               "the row's normalised values (a + b x_hat)")
-            result.hint = ("the row-mean terms of a normalisation's backward are off: g.mean() and "
-                           "x_hat * (g * x_hat).mean() (a mean divided by D twice, a term missing or with the "
-                           "wrong sign); compare r * (g - mean(g) - x_hat * mean(g * x_hat)) term by term")
+    if row_hint(run, c, result) or wrong_axis(run, c, result):
         return
     if one_sign is not None:
         label, lo, hi = one_sign
@@ -290,10 +258,16 @@ def _still_known(run, c, result, elements):
                           "flipped" if one_sign is not None else "")
                        + "; write out each term of d(forward)/d(input) and compare it with backward")
     elif corr is not None and corr < -0.5:
-        result.hint = "mostly the opposite sign: the main term of the derivative has the wrong sign"
+        # a - n = -(a missing term) fits as well as a flipped sign: the numbers cannot tell them apart
+        result.hint = ("mostly the opposite sign, but no single factor (a sign error in the whole derivative would "
+                       "give analytical / numerical = -1): a term of the derivative that outweighs the others is "
+                       "missing from backward or has the wrong sign; write out each term of d(forward)/d(input) "
+                       "and compare it with backward")
     else:
-        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved "
-                       "value, or the gradients of two inputs returned in the wrong order")
+        two = any(o is not c and o.tensor.shape == c.tensor.shape for o in run.checked)
+        result.hint = ("unrelated to the true gradient: the derivative of another variable, a wrong saved value, "
+                       "a term missing that outweighs the others"
+                       + (", or the gradients of two inputs returned in the wrong order" if two else ""))
 
 
 def _error_against_inputs(run, c, elements, err):
@@ -304,6 +278,8 @@ def _error_against_inputs(run, c, elements, err):
     g = np.asarray(to_device(outputs_g[0], "cpu")).reshape(c.tensor.shape) if len(outputs_g) == 1 else None
     pos = tuple(np.array([ch.index for ch in elements]).reshape(len(elements), -1).T)
     one_sign = None
+    if len(elements) < 3:  # one or two elements fit "k x T" for any T: no evidence
+        return None, None
     for other in run.checked:
         if other.tensor.shape != c.tensor.shape or not c.tensor.shape:
             continue
@@ -435,8 +411,8 @@ def _common_ratio(run, elements):
     return r, spread, len(ratios)
 
 
-def _ratio_hint(run, result, r, spread, count):
-    """A constant ratio a / n: sign, x2, /2, mean vs sum, sqrt(d), or some other factor.
+def _ratio_hint(run, c, result, elements, r, spread, count):
+    """A constant ratio a / n: sign, x2, /2, mean vs sum, sqrt(d), an input's value, or some other factor.
 
     One failing element always has "a constant ratio": then only the named values count.
     """
@@ -465,6 +441,8 @@ def _ratio_hint(run, result, r, spread, count):
         if abs(r - value) <= 1e-3 * abs(value):
             result.hint_kind, result.hint = kind, hint
             return True
+    if hints.input_factor(run, c, result, elements):
+        return True
     if count < 2:
         return False
     result.hint = f"backward is off by a constant factor {r:.4g}: a scale missing or applied twice"
