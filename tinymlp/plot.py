@@ -37,6 +37,7 @@ import sys
 
 import numpy as np
 
+from .graph import nodes as graph_nodes, parents as graph_parents
 from .backend import to_device
 from .files import atomic_write
 from .tensor import Tensor
@@ -392,22 +393,14 @@ def _graph_of(tensor):
             lines.append("value " + _short(t.data))
         return lines
 
-    nodes, edges, out_shapes, order = {}, [], {}, []
-    stack, seen = [tensor._ctx if tensor._ctx is not None else tensor], set()
-    while stack:                                   # every node once (a diamond is drawn as one)
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        if isinstance(node, Tensor):
-            continue
-        for i, parent in enumerate(node.parents):
+    nodes, edges, out_shapes = {}, [], {}
+    order = graph_nodes(tensor)                    # every node once (a diamond is drawn as one)
+    for node in order:
+        for i, parent in enumerate(graph_parents(node)):
             if parent is None:
                 continue
             out_shapes.setdefault(id(parent), node.input_shapes[i])
             edges.append((id(parent), id(node)))
-            stack.append(parent)
     for node in order:
         if isinstance(node, Tensor):
             nodes[id(node)] = {"id": id(node), "kind": "leaf" if node is not tensor or node.requires_grad else "output",

@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from .. import graph
 from ..autograd import enable_grad, no_grad
 from ..backend import to_device
 from ..contract import GradientMismatchError, MixedPrecisionError
@@ -241,17 +242,9 @@ def backward_in_place(run):
 
 
 def graph_nodes(outputs):
-    """The Function nodes (Contexts) of the graph behind the outputs."""
-    nodes, seen = [], set()
-    stack = [y._ctx for y in outputs if getattr(y, "_ctx", None) is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen or getattr(node, "fn", None) is None:
-            continue
-        seen.add(id(node))
-        nodes.append(node)
-        stack.extend(p for p in getattr(node, "parents", ()) if p is not None and not isinstance(p, Tensor))
-    return nodes
+    """The Function nodes (Contexts) of the graph behind the outputs that can still run
+    backward, outputs first (``graph.ops`` in reverse)."""
+    return list(reversed(graph.ops(*[y for y in outputs if isinstance(y, Tensor)])))
 
 
 def arrays_of(node):
