@@ -393,7 +393,7 @@ def test_argmax_and_flatten_refuse_an_axis_the_tensor_lacks():
     ("layer_norm", lambda x: tinymlp.functional.layer_norm(x, None, None)),
     ("cross_entropy", lambda x: tinymlp.functional.cross_entropy(x, np.array([0, 1]))),
 ])
-def test_float_ops_on_an_integer_tensor_name_the_op_and_the_dtype(op, call):
+def test_layers_on_an_integer_tensor_name_the_op_and_the_dtype(op, call):
     x = tinymlp.tensor(np.arange(6).reshape(2, 3))
     with pytest.raises(TypeError, match=rf"{op}: the .* must be a floating-point tensor, got dtype int64"):
         call(x)

@@ -442,7 +442,7 @@ def mixer_block_parameters(S, C, D_S, D_C):
     return __builtins__["ev" + "al"]("2 * (2 * C)")
 """, "uses __builtins__"),
     "a module reached through tinymlp's": ("04.1", ln_with("""
-tinymlp.lessons.guard.sys.settrace(None)
+tinymlp.lessons.forbidden.sys.settrace(None)
 dx = 0 * x
 """), "uses .settrace"),
 }
@@ -693,7 +693,7 @@ def test_an_error_inside_backward_in_the_notebook_names_its_cell(tmp_path, env):
 
 def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
     from tinymlp.lessons import EXERCISES
-    from tinymlp.lessons.guard import Guard
+    from tinymlp.lessons.forbidden import Guard
 
     for ex in EXERCISES.values():
         assert ex.section.startswith(f'lesson {int(ex.lesson)}, section "'), ex.id   # a heading: see test_lessons.py

@@ -177,7 +177,7 @@ def dual_layer_norm_row(row, gamma, beta, k, eps=1e-5):
 
 # ------------------------------------------------------------------------------ 1. the answer cannot reach the grade
 PATCHES = """
-import tinymlp.lessons.guard as guard
+import tinymlp.lessons.forbidden as guard
 import tinymlp.lessons.registry as registry
 import tinymlp.lessons.runner as runner
 import tinymlp.lessons.wire as wire
@@ -358,7 +358,7 @@ def attempts():
     for name, attempt in [
         ("exec", lambda: tinymlp.autograd.__builtins__["exec"]("y = 1", {})),
         ("code", lambda: getattr(attempts, "__co" + "de__")),
-        ("frame", lambda: tinymlp.autograd.sys._getframe(0)),
+        ("frame", lambda: tinymlp.backend.sys._getframe(0)),
         ("process", lambda: tinymlp.files.os.system("true")),
         ("subprocess", lambda: tinymlp.autograd.__builtins__["__import__"]("subprocess").run(["true"])),
         ("native", lambda: tinymlp.autograd.__builtins__["__import__"]("ctypes").CDLL(None)),

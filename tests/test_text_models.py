@@ -10,9 +10,9 @@ from tinymlp.models.gmlp import GMLPBlock
 from tinymlp.data.tokenizer import Tokenizer
 from tinymlp.models import PAPER_PARAMETERS, PRESETS, config, create, num_parameters
 from tinymlp.models.text_gmlp import TextGMLP
+from tinymlp.train import fit
 
 TEXT_PRESETS = [name for name, (cls, _) in PRESETS.items() if cls is TextGMLP]
-from tinymlp.train import fit
 
 TINY = dict(vocab_size=12, seq_len=6, dim=4, depth=1, ffn_dim=8)
 

@@ -15,6 +15,14 @@ from .ops import (
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "CudaUnavailableError", "F", "Function", "GradcheckError", "GradcheckReport", "Tensor", "add",
+    "array_module", "astype", "checkpoint", "concatenate", "cuda_available", "div", "enable_grad", "exp",
+    "fast", "functional", "getitem", "gradcheck", "is_grad_enabled", "log", "manual_seed", "matmul", "max",
+    "mean", "models", "mul", "neg", "nn", "no_grad", "numerical_grad", "optim", "pow", "relu", "reshape",
+    "sigmoid", "split", "sqrt", "stack", "sub", "sum", "tanh", "tensor", "testing", "transpose", "where",
+]
+
 from .gradcheck import GradcheckError, GradcheckReport, gradcheck, numerical_grad
 from . import testing  # tinymlp.testing.assert_grads: gradcheck for pytest
 from . import checkpoint, fast, functional, models, nn, optim

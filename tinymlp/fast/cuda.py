@@ -206,7 +206,7 @@ def rows(x):
         return n, d
     lead = [(s, st) for s, st in zip(x.shape[:-1], x.strides[:-1]) if s != 1]
     step = lead[-1][1]
-    for (s_outer, st_outer), (s_inner, st_inner) in itertools.pairwise(lead):
+    for (_, st_outer), (s_inner, st_inner) in itertools.pairwise(lead):
         if st_outer != st_inner * s_inner:
             return None
     if step % item or step < d * item:

@@ -109,7 +109,7 @@ def row_factor(run, c, result, elements):
         return False
     pos = np.array([ch.index for ch in use])
     ratio = np.array([ch.analytical / ch.numerical for ch in use])
-    for axis, size in enumerate(shape):
+    for axis in range(len(shape)):
         rows = np.unique(pos[:, axis])
         if len(rows) < 2:
             continue

@@ -41,7 +41,7 @@ import numpy as np
 from ..files import atomic_write
 from ..models import AMLP, GMLP, MLPMixer, ViT
 from .tables import (
-    SAME, build, count_blocks, family_of_arch, grid_image_size, load_table, need, need_shape, pair, strip_prefix,
+    SAME, build, count_blocks, family_of_arch, grid_image_size, load_table, need_shape, pair, strip_prefix,
 )
 from .weight_files import InteropError, as_numpy, load_source, save_safetensors
 

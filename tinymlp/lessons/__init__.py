@@ -18,7 +18,7 @@ For an instructor, ``python -m tinymlp.lessons submissions/*/04_layernorm.ipynb`
 
 The parts: ``registry.py`` (what an exercise is), ``checks/`` (the checks, one file per lesson),
 ``runner.py`` (running one check, the messages), ``cost.py`` (a derived backward's cost),
-``guard.py`` (the library code an answer may not use, made unavailable to it), and for the
+``forbidden.py`` (the library code an answer may not use, made unavailable to it), and for the
 grader: ``notebook.py`` (an answer's code read from a notebook), ``scan.py`` (what that code may
 not contain), ``identity.py`` (whose notebook, which lesson), ``worker.py`` (the process that runs
 one answer), ``confine.py`` (what that process may not do), ``wire.py`` (the plain data that

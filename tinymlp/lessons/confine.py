@@ -25,7 +25,7 @@ import os
 import sys
 import sysconfig
 
-from .guard import Forbidden
+from .forbidden import Forbidden
 
 __all__ = ["confine"]
 

@@ -20,7 +20,7 @@ is not written here: ``lessons/make_lessons.py`` reads it from the notebook's ow
 the exercise's answer into ``sections.py``.
 
 ``forbidden`` names the library code that implements the same thing: it is unavailable to the
-answer (``guard.py``). ``derived``: the exercise asks for a derivative worked out by hand, so
+answer (``forbidden.py``). ``derived``: the exercise asks for a derivative worked out by hand, so
 the answer may not compute with complex numbers (a complex step) and is flagged when it
 defines its own number type (dual numbers). ``cost(rng)`` gives a ``CostCase`` for a Function
 answer: inputs large enough that a gradient estimated element by element takes hundreds of

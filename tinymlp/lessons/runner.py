@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..gradcheck import GradcheckError
 from . import cost
-from .guard import Forbidden, Guard
+from .forbidden import Forbidden, Guard
 from .registry import EXERCISES, Case, Wrong
 from .remote import AnswerTimeout, ChannelError, RemoteError
 

@@ -19,7 +19,7 @@ process that runs it, ``refusals`` lists what makes it fail at once, each with i
 of the answer's own (a class with arithmetic operators: dual numbers carry derivatives without
 deriving them) and a division by a small step after evaluating a function at shifted points
 (a finite difference), in an exercise that asks for a derivative. The answer's process
-(``confine.py``, ``guard.py``) refuses the same things at run time, however they are spelled.
+(``confine.py``, ``forbidden.py``) refuses the same things at run time, however they are spelled.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def written(owner, exercise, program, skeleton=None, student=True) -> Answer:
 def library_answers(ex, root) -> list:
     """One Answer per function of the library files exercise ``ex`` names (its reference, and the
     files of its forbidden code)."""
-    from .guard import resolve, where
+    from .forbidden import resolve, where
 
     files = {ex.reference.split(" ")[0]}
     for dotted in ex.forbidden:

@@ -7,7 +7,7 @@ expression. Before any of the student's code runs, the process
 
 1. sends its output to /dev/null and works in the root folder (no folder of anyone's);
 2. loads tinymlp's modules (never the checks: they hold the references), and makes the
-   exercise's library code, numerical differentiation and the fast tier unavailable (``guard.py``);
+   exercise's library code, numerical differentiation and the fast tier unavailable (``forbidden.py``);
 3. compiles the program's statements, then confines itself (``confine.py``): no files written,
    no processes, no network, no code built at run time by the answer.
 
@@ -62,7 +62,7 @@ def zygote(fd):
     import struct
 
     _load_library()
-    from .guard import Guard
+    from .forbidden import Guard
 
     Guard(_Exercise("warm", ()), process=True)  # the library's fingerprints, computed once for every child
     sock = socket.socket(fileno=fd)
@@ -115,7 +115,7 @@ def serve(job, requests, replies):
     os.chdir(os.sep)  # no folder of the grader's or the student's: relative paths lead nowhere
     _load_library()
     from .confine import confine
-    from .guard import Guard
+    from .forbidden import Guard
 
     guard = Guard(_Exercise(job["exercise"], job.get("forbidden", ())), process=True)
     guard.__enter__()
@@ -194,7 +194,7 @@ class _Server:
         write_frame(self.replies, pack(message, handles=self.handle_of, nodes=known))
 
     def send_error(self, err):
-        from .guard import Forbidden
+        from .forbidden import Forbidden
         from .runner import describe_error, stub_reached
 
         forbidden = _within(err, Forbidden)

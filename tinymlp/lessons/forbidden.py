@@ -170,10 +170,10 @@ def _stub(n_free):
     lines += [f"    {name} = None" for name in names]
     lines += ["    def _diverted(*args, **kwargs):"]
     lines += [f"        {name}" for name in names]
-    lines += ["        from tinymlp.lessons.guard import divert", "        return divert(-1, args, kwargs)",
+    lines += ["        from tinymlp.lessons.forbidden import divert", "        return divert(-1, args, kwargs)",
               "    return _diverted"]
     scope = {}
-    exec(compile("\n".join(lines), "<tinymlp.lessons.guard>", "exec"), scope)  # noqa: S102 (our own stub)
+    exec(compile("\n".join(lines), "<tinymlp.lessons.forbidden>", "exec"), scope)  # noqa: S102 (our own stub)
     return scope["_outer"]().__code__
 
 
