@@ -1,0 +1,540 @@
+"""A stand-in for CuPy (NumPy underneath) that follows the rules of CuPy that matter to
+tinymlp, for checking the CUDA path's device logic on a machine without a GPU.
+
+Registered as the ``cupy`` module (``install``), it makes ``device="cuda"`` give tensors whose
+arrays behave as CuPy's do where it matters:
+
+- no implicit conversion to NumPy: ``np.asarray(x)`` (``__array__``) raises CuPy's TypeError;
+- NumPy arrays are refused as operands of device ops (``x + numpy_array``, ``xp.matmul(x, a)``);
+  ``xp.asarray``/``xp.array`` (an upload) and NumPy index arrays are accepted, as on CuPy;
+- reductions give 0-d device arrays, never host scalars;
+- every host read (``get``, ``item``, ``float``, ``bool``, ``int``, ``tolist``, ...) is counted:
+  on a GPU each one waits for every queued kernel, so none may happen inside a training step;
+  so is every upload (``xp.asarray`` of host data), to find constants sent again at each step;
+- a few CuPy-internal reads are modelled and counted too: ``nonzero``/``flatnonzero``/``argwhere``
+  and indexing with a boolean device mask (CuPy reads the number of True values back to size
+  the result), ``lib.stride_tricks.sliding_window_view`` (it validates the window shape on the
+  device and reads the verdict back);
+- it has no kernels: ``ElementwiseKernel``, ``RawModule`` and ``ReductionKernel`` fail when
+  compiled, like a CuPy without the CUDA headers, so the fast tier's kernels fall back to its
+  array code (with one warning);
+- for the fast tier's own kernels, NumPy emulations (``emulate``) stand in for the two places
+  where ``fast/cuda.py`` compiles them (``cuda.kernel``, ``cuda.elementwise``): each reads and
+  writes memory as its CUDA code does, so that every launch path of the fast tier (the layouts,
+  strides and buffers the Python side hands the kernels) runs without a GPU.
+
+What it cannot see: timings; the maths of the CUDA kernels (``tests/test_cuda.py`` checks them
+on a GPU); CuPy-internal synchronisations other than those modelled above (allocator pressure,
+``cupy.unique``, cuRAND setup, ...); asynchronous errors; memory use; more than one stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import types
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from tinymlp import backend
+from tinymlp.fast import cuda
+from tinymlp.fast.kernels import activation_cuda, optim_cuda
+
+
+# ============================================================================ the stand-in
+class HostReads:
+    """Counts reads of device values by the host (each is a synchronisation on a GPU)."""
+
+    def __init__(self):
+        self.count, self.where = 0, []
+
+    def record(self, what):
+        import traceback
+
+        self.count += 1
+        frame = [f for f in traceback.extract_stack() if "/tinymlp/" in f.filename.replace("\\", "/")]
+        self.where.append(f"{what} at {frame[-1].filename}:{frame[-1].lineno}" if frame else what)
+
+
+READS = HostReads()
+UPLOADS = HostReads()       # host-to-device copies (xp.asarray / xp.array of host data)
+IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
+            "Please use `.get()` to construct a NumPy array explicitly.")
+
+
+def _refuse_host(value, where):
+    if isinstance(value, np.ndarray):
+        raise TypeError(f"Unsupported type {type(value)} in {where}: a NumPy array cannot be an "
+                        f"operand of a device op (upload it with cupy.asarray first)")
+
+
+def _unwrap(value, where, allow_host=False):
+    """DeviceArray -> its NumPy storage (recursively through tuples, lists, dicts); NumPy arrays
+    are refused unless ``allow_host``."""
+    if isinstance(value, DeviceArray):
+        return value._a
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unwrap(v, where, allow_host) for v in value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v, where, allow_host) for k, v in value.items()}
+    if not allow_host:
+        _refuse_host(value, where)
+    return value
+
+
+def _wrap(value):
+    if isinstance(value, np.ndarray):
+        return DeviceArray(value)
+    if isinstance(value, np.generic):                 # CuPy gives 0-d arrays, never host scalars
+        return DeviceArray(np.asarray(value))
+    if isinstance(value, tuple):
+        return tuple(_wrap(v) for v in value)
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+def _count_mask_read(key):
+    """CuPy sizes the result of boolean-mask indexing by reading the mask's count back."""
+    for k in key if isinstance(key, tuple) else (key,):
+        if isinstance(k, DeviceArray) and k.dtype == bool:
+            READS.record("boolean mask indexing")
+
+
+class _Device:
+    id = 0
+
+    def __init__(self, index=0):
+        self.id = int(index)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+class DeviceArray(NDArrayOperatorsMixin):
+    """A "GPU" array: NumPy storage behind CuPy's rules (see the module docstring)."""
+
+    __slots__ = ("_a",)
+    __array_priority__ = 100
+
+    def __init__(self, a):
+        self._a = a
+
+    # -- no implicit conversion; explicit host reads are counted
+    def __array__(self, *args, **kwargs):
+        raise TypeError(IMPLICIT)
+
+    def get(self, *args, **kwargs):
+        READS.record("get()")
+        return self._a.copy()
+
+    def item(self, *args):
+        READS.record("item()")
+        return self._a.item(*args)
+
+    def tolist(self):
+        READS.record("tolist()")
+        return self._a.tolist()
+
+    def __float__(self):
+        READS.record("float()")
+        return float(self._a)
+
+    def __int__(self):
+        READS.record("int()")
+        return int(self._a)
+
+    def __index__(self):
+        READS.record("index()")
+        return self._a.__index__()
+
+    def __bool__(self):
+        READS.record("bool()")
+        return bool(self._a)
+
+    def __repr__(self):
+        return f"DeviceArray(shape={self._a.shape}, dtype={self._a.dtype})"
+
+    # -- the array protocol of device ops
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        args = _unwrap(inputs, ufunc.__name__)
+        kwargs = _unwrap(kwargs, ufunc.__name__)
+        result = getattr(ufunc, method)(*args, **kwargs)
+        if out is not None:                                 # in place: the same device arrays back
+            return out[0] if len(out) == 1 else out
+        return _wrap(result)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        return _wrap(func(*_unwrap(args, func.__name__), **_unwrap(kwargs, func.__name__)))
+
+    # -- the ndarray surface
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    strides = property(lambda self: self._a.strides)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: DeviceArray(self._a.T))
+    device = property(lambda self: _Device(0))
+
+    @property
+    def mT(self):
+        return DeviceArray(self._a.mT)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (DeviceArray(np.asarray(v)) for v in self._a)
+
+    def __getitem__(self, key):
+        _count_mask_read(key)
+        return _wrap(self._a[_unwrap(key, "indexing", allow_host=True)])
+
+    def __setitem__(self, key, value):
+        _count_mask_read(key)
+        self._a[_unwrap(key, "indexing", allow_host=True)] = _unwrap(value, "assignment", allow_host=True)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):              # no __array_interface__ and friends: no silent host view
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+        if name == "nonzero":
+            READS.record("nonzero()")
+
+        def method(*args, **kwargs):
+            return _wrap(attr(*_unwrap(args, name), **_unwrap(kwargs, name)))
+
+        return method
+
+    def __setattr__(self, name, value):
+        if name == "_a":
+            object.__setattr__(self, name, value)
+        elif name == "shape":
+            self._a.shape = value
+        else:
+            raise AttributeError(f"cannot set {name} on a device array")
+
+    def __reduce__(self):
+        raise TypeError("a device array cannot be pickled without a host read")
+
+
+DeviceArray.__module__ = "cupy._standin"   # the engine recognises CuPy arrays by their type's module
+
+
+class CompileException(Exception):
+    """What CuPy raises when NVRTC cannot compile a kernel."""
+
+
+def _no_kernel(*args, **kwargs):
+    class Kernel:
+        def __call__(self, *a, **k):
+            raise CompileException("catastrophic error: cannot open source file \"cuda_fp16.h\" (stand-in)")
+
+        def get_function(self, name):
+            return self
+
+    return Kernel()
+
+
+class _UFunc:
+    """cupy.add, cupy.exp, ...: device operands only, with their methods (``add.at``, ``reduce``)."""
+
+    def __init__(self, ufunc):
+        self._u = ufunc
+        self.__name__ = ufunc.__name__
+
+    def __call__(self, *args, **kwargs):
+        return _wrap(self._u(*_unwrap(args, self.__name__), **_unwrap(kwargs, self.__name__)))
+
+    def __getattr__(self, name):
+        attr = getattr(self._u, name)
+        if not callable(attr):
+            return attr
+        return lambda *a, **k: _wrap(attr(*_unwrap(a, self.__name__), **_unwrap(k, self.__name__)))
+
+
+class _Generator:
+    """cupy.random.Generator: draws on the device."""
+
+    def __init__(self, seed=None):
+        self._g = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        attr = getattr(self._g, name)
+
+        def draw(*args, **kwargs):
+            return _wrap(np.asarray(attr(*args, **kwargs)))
+
+        return draw
+
+
+def _sliding_window_view(x, window_shape, axis=None, **kwargs):
+    window = np.atleast_1d(window_shape)
+    if bool(standin.any(standin.array(window) < 0)):    # as CuPy does: a device check read back
+        raise ValueError("window_shape cannot contain negative values")
+    return _wrap(np.lib.stride_tricks.sliding_window_view(x._a, tuple(window), axis=axis, **kwargs))
+
+
+def _make_module():
+    """The stand-in ``cupy`` module (and ``cupyx``)."""
+    m = types.ModuleType("cupy")
+    m.__version__ = "stand-in"
+    m.ndarray = DeviceArray
+    m.cuda = types.SimpleNamespace(
+        Device=_Device,
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 12080,
+                                      driverGetVersion=lambda: 12080,
+                                      getDeviceProperties=lambda i: {"name": b"stand-in", "totalGlobalMem": 2**33,
+                                                                     "major": 9, "minor": 0}),
+        compiler=types.SimpleNamespace(CompileException=CompileException),
+    )
+    m.random = types.SimpleNamespace(default_rng=_Generator, Generator=_Generator)
+    m.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
+        as_strided=lambda x, shape=None, strides=None: DeviceArray(
+            np.lib.stride_tricks.as_strided(x._a, shape=shape, strides=strides)),
+        sliding_window_view=_sliding_window_view))
+    m.ElementwiseKernel = m.RawModule = m.ReductionKernel = m.RawKernel = _no_kernel
+
+    uploads = {"asarray", "array", "asanyarray"}
+    host_arguments = {"split", "array_split"}
+    sizes_on_host = {"nonzero", "flatnonzero", "argwhere"}        # CuPy reads the count back
+
+    def module_getattr(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(np, name)
+        if isinstance(attr, type) or not callable(attr):
+            return attr                                    # dtypes (cupy.float32 is numpy.float32), constants
+        if isinstance(attr, np.ufunc):
+            return _UFunc(attr)
+
+        def function(*args, **kwargs):
+            if name in uploads:
+                if not isinstance(args[0], DeviceArray):
+                    UPLOADS.record(f"{name}()")
+                args = tuple(a._a if isinstance(a, DeviceArray) else a for a in args)
+                return DeviceArray(np.array(args[0], *args[1:], **kwargs) if name == "array"
+                                   else np.asarray(*args, **kwargs))
+            if name in host_arguments:                      # e.g. split's indices: read on the host by CuPy too
+                args = (_unwrap(args[0], name), *_unwrap(args[1:], name, allow_host=True))
+            else:
+                args = _unwrap(args, name)
+            if name in sizes_on_host:
+                READS.record(f"{name}()")
+            result = attr(*args, **_unwrap(kwargs, name, allow_host=name in host_arguments))
+            return result if name in ("may_share_memory", "shares_memory") else _wrap(result)
+
+        function.__name__ = name
+        return function
+
+    m.__getattr__ = module_getattr
+    cupyx = types.ModuleType("cupyx")
+    special = types.ModuleType("cupyx.scipy.special")
+    special.erf = lambda x: DeviceArray(np.vectorize(math.erf, otypes=[x.dtype])(x._a))
+    special.erfc = lambda x: DeviceArray(np.vectorize(math.erfc, otypes=[x.dtype])(x._a))
+    cupyx.scipy = types.SimpleNamespace(special=special)
+    cupyx.allow_synchronize = lambda allow: contextlib.nullcontext()
+    return m, cupyx, special
+
+
+standin, standin_x, standin_special = _make_module()
+
+
+def install(monkeypatch):
+    """Register the stand-in as CuPy (and the "cuda" device) through ``monkeypatch``; host reads,
+    uploads and device operations counted from zero. Returns the stand-in module; undo with
+    ``monkeypatch.undo()`` (then call ``clear_kernel_caches()``)."""
+    monkeypatch.setitem(sys.modules, "cupy", standin)
+    monkeypatch.setitem(sys.modules, "cupyx", standin_x)
+    monkeypatch.setitem(sys.modules, "cupyx.scipy", standin_x.scipy)
+    monkeypatch.setitem(sys.modules, "cupyx.scipy.special", standin_special)
+    monkeypatch.setattr(backend, "_cupy", standin)
+    monkeypatch.setattr(backend, "_cupy_error", None)
+    monkeypatch.setattr(backend, "_cuda_checked", {})
+    monkeypatch.setattr(cuda, "_kernel_state", {np.dtype(np.float32): "CompileException: stand-in",
+                                                np.dtype(np.float64): "CompileException: stand-in"})
+    monkeypatch.setattr(backend, "_device_constants", {})
+    clear_kernel_caches()
+    READS.count, READS.where = 0, []
+    UPLOADS.count, UPLOADS.where = 0, []
+    return standin
+
+
+_KERNEL_CACHES = (cuda.cupy, cuda._module, cuda._function, cuda.elementwise)   # (tests replace some of them)
+
+
+def clear_kernel_caches():
+    for cached in _KERNEL_CACHES:
+        cached.cache_clear()
+
+
+@contextlib.contextmanager
+def no_host_reads(allowed=0):
+    """Fail when the block reads the device more than ``allowed`` times; list where it did."""
+    before = READS.count
+    start = len(READS.where)
+    yield
+    reads = READS.where[start:]
+    assert READS.count - before <= allowed, f"{READS.count - before} host read(s) in a step: {reads}"
+
+
+# ============================================================================ the kernels, emulated
+def emulated_row_kernel(source, name, dtype):
+    """The raw kernels of ``fast/kernels/*_cuda.py`` in NumPy, reading and writing memory as the
+    CUDA code does (rows every ``stride`` elements from the start of the array; outputs
+    C-contiguous), so that the layouts the Python side hands them are checked without a GPU.
+    A kernel launched from a source that does not define it fails, as it would on a GPU."""
+    assert f'extern "C" __global__ void {name}(' in source, f"{name} is not defined in the source it is launched from"
+    LAUNCHED.add(name)
+
+    def run(grid, block, args):
+        n = grid[0]
+        if name == "layer_norm_forward":
+            x, stride, w, b, y, xhat, rstd, width, eps, affine = args
+            d, item = int(width), x.itemsize
+            X = np.lib.stride_tricks.as_strided(x._a, (n, d), (int(stride) * item, item))
+            mean = X.mean(axis=1, keepdims=True)
+            r = 1 / np.sqrt(((X - mean) ** 2).mean(axis=1, keepdims=True) + eps)
+            H = xhat._a.reshape(n, d)                # a view only when xhat is C-contiguous
+            H[...] = (X - mean) * r
+            assert np.shares_memory(H, xhat._a), "the kernel writes xhat as C-contiguous rows"
+            rstd._a.reshape(n)[...] = r[:, 0]
+            if affine:
+                Y = y._a.reshape(n, d)
+                Y[...] = H * w._a + b._a
+                assert np.shares_memory(Y, y._a)
+        elif name == "layer_norm_backward":
+            g, xhat, rstd, w, dx, stride, width = args
+            d, item = int(width), g.itemsize
+            G, H = g._a.reshape(n, d), xhat._a.reshape(n, d)
+            assert g._a.flags.c_contiguous and xhat._a.flags.c_contiguous and rstd._a.flags.c_contiguous
+            gw = G * w._a
+            D = np.lib.stride_tricks.as_strided(dx._a, (n, d), (int(stride) * item, item))
+            D[...] = rstd._a.reshape(n, 1) * (gw - gw.mean(axis=1, keepdims=True)
+                                              - H * (gw * H).mean(axis=1, keepdims=True))
+        elif name == "layer_norm_param_partials":
+            g, xhat, partial, rows, width, per_chunk = args
+            d, chunks = int(width), grid[1]
+            assert g._a.flags.c_contiguous and xhat._a.flags.c_contiguous
+            G, H = g._a.reshape(-1, d), xhat._a.reshape(-1, d)
+            assert G.shape[0] == rows and chunks * per_chunk >= rows > (chunks - 1) * per_chunk
+            P = partial._a.reshape(2, chunks, d)
+            for k in range(chunks):
+                rows_k = slice(k * int(per_chunk), (k + 1) * int(per_chunk))
+                P[0, k] = (G[rows_k] * H[rows_k]).sum(axis=0)
+                P[1, k] = G[rows_k].sum(axis=0)
+        elif name == "sum_chunks":
+            partial, out, planes, chunks, width = args
+            out._a.reshape(int(planes), int(width))[...] = \
+                partial._a.reshape(int(planes), int(chunks), int(width)).sum(axis=1)
+        elif name == "softmax_backward":
+            p, g, dx, width = args
+            d = int(width)
+            assert p._a.flags.c_contiguous and g._a.flags.c_contiguous and dx._a.flags.c_contiguous
+            P, G = p._a.reshape(n, d), g._a.reshape(n, d)
+            dx._a.reshape(n, d)[...] = P * (G - (G * P).sum(axis=1, keepdims=True))
+        else:
+            raise CompileException(name)
+    return run
+
+
+def emulated_elementwise(in_params, out_params, body, name):
+    """The elementwise kernels of ``fast/kernels/*_cuda.py`` in NumPy, with CuPy's calling
+    convention: inputs, then outputs (allocated when not given, bound by reference when given)."""
+    LAUNCHED.add(name)
+    c0, c1 = activation_cuda.C0, activation_cuda.C1
+
+    def gelu(x):
+        t = np.tanh(c0 * (x + c1 * x * x * x))
+        h = 0.5 * (1 + t)
+        return x * h, h + x * h * (1 - t) * (c0 + 3 * c0 * c1 * x * x)
+
+    def run(*args):
+        a = [v._a if isinstance(v, DeviceArray) else v for v in args]
+        if name == "tinymlp_gelu_tanh_grad":
+            y, d = gelu(a[0])
+            return DeviceArray(y.astype(a[0].dtype)), DeviceArray(d.astype(a[0].dtype))
+        if name == "tinymlp_gelu_tanh":
+            return DeviceArray(gelu(a[0])[0].astype(a[0].dtype))
+        if name in ("tinymlp_sgu_gate", "tinymlp_sgu_gate_residual"):
+            gamma, shift, *rest = a
+            residual = rest.pop(0) if name.endswith("residual") else 0
+            z1, f, out = rest
+            f[...] = f * gamma + shift + residual
+            out[...] = z1 * f
+            return args[-2], args[-1]
+        if name == "tinymlp_sgu_gate_backward":
+            g, f, z1, dz1, gf = a
+            dz1[...] = g * f
+            gf[...] = g * z1
+            return args[-2], args[-1]
+        raise CompileException(name)
+    return run
+
+
+LAUNCHED = set()      # the names of the kernels the emulations ran
+
+class Table(list):
+    """The stand-in's pointer table: the arrays themselves, in order (no device addresses)."""
+
+
+def emulated_kernel(source, name, dtype):
+    """The multi-tensor kernels of ``optim_cuda`` in NumPy, in the kernels' operation order,
+    over a ``Table`` of arrays and their flat offsets (other names: ``emulated_row_kernel``)."""
+    if name not in ("adam_step", "sum_squares_partials", "clip_factor", "scale_all"):
+        return emulated_row_kernel(source, name, dtype)
+    assert f'extern "C" __global__ void {name}(' in source
+    LAUNCHED.add(name)
+
+    def run(grid, block, args):
+        if name == "adam_step":
+            g, m, v, table, starts, count, b1, omb1, b2, omb2, eps_c, step_size, decay = args
+            assert len(table) == int(count) and isinstance(table, Table)
+            G, M, V = g._a, m._a, v._a
+            M[...] = M * b1 + G * omb1
+            V[...] = V * b2 + (G * G) * omb2
+            U = (M / (np.sqrt(V) + eps_c)) * step_size
+            for k, p in enumerate(table):
+                a, b = starts._a[k], starts._a[k + 1]
+                p._a[...] = (p._a * decay - U[a:b].reshape(p.shape)).astype(p.dtype)
+        elif name == "sum_squares_partials":
+            table, starts, count, partial = args
+            partial._a[...] = 0
+            partial._a[0] = sum((p._a.astype(p.dtype) ** 2).sum() for p in table)
+        elif name == "clip_factor":
+            partial, parts, max_norm, total, scale = args
+            t = np.sqrt(partial._a.sum())
+            total._a[0] = t
+            scale._a[0] = min(1, max_norm / (t + dtype.type(1e-6))) if np.isfinite(t) else 1
+        elif name == "scale_all":
+            table, starts, count, scale = args
+            for p in table:
+                p._a *= scale._a.reshape(-1)[0]
+    return run
+
+
+def emulate(monkeypatch):
+    """Every fast-tier CUDA kernel "working" on an installed stand-in (both dtypes), emulated in
+    NumPy; the self-tests run (launching every kernel once), then ``LAUNCHED`` is emptied."""
+    monkeypatch.setattr(cuda, "kernel", emulated_kernel)
+    monkeypatch.setattr(cuda, "elementwise", emulated_elementwise)
+    monkeypatch.setattr(cuda, "_kernel_state", {})
+    monkeypatch.setattr(optim_cuda, "pointer_table", lambda arrays: (
+        Table(arrays), standin.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))))
+    for dtype in (np.float32, np.float64):
+        assert cuda.kernels_work(dtype)                   # the self-tests launch every kernel once
+    LAUNCHED.clear()
