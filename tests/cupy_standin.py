@@ -34,6 +34,7 @@ import contextlib
 import math
 import sys
 import types
+from collections import Counter
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
@@ -60,6 +61,72 @@ class HostReads:
 
 READS = HostReads()
 UPLOADS = HostReads()       # host-to-device copies (xp.asarray / xp.array of host data)
+
+
+class DeviceOps:
+    """Counts the device operations the stand-in is asked for: each would be a kernel launch, a
+    library call (cuBLAS, a CUB reduction) or a copy on a GPU. Views (a transpose, a reshape
+    that copies nothing, basic indexing) and allocations without a fill (``empty``) are free.
+    ``kinds`` counts by operation, ``sites`` by (operation, the line of tinymlp that asked)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.count, self.kinds, self.sites = 0, Counter(), Counter()
+
+    def record(self, kind):
+        self.count += 1
+        self.kinds[kind] += 1
+        self.sites[(kind, _site())] += 1
+
+
+def _site():
+    """'path/in/tinymlp.py:line' of the innermost frame in tinymlp's code (else the caller's)."""
+    frame, fallback = sys._getframe(2), None
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/tinymlp/" in name:
+            return f"{name.rsplit('/tinymlp/', 1)[1]}:{frame.f_lineno}"
+        if fallback is None and not name.endswith("cupy_standin.py"):
+            fallback = f"{name.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return fallback or "?"
+
+
+OPS = DeviceOps()
+VIEWS = {"transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze", "broadcast_to", "atleast_1d",
+         "atleast_2d", "atleast_3d", "may_share_memory", "shares_memory", "result_type", "ndim", "shape",
+         "isscalar", "iscomplexobj", "empty", "empty_like", "view", "reshape", "ravel", "ascontiguousarray",
+         "asfortranarray", "diagonal", "real", "imag", "split", "array_split"}
+"""Functions and methods that give a view where they can; a result that owns new memory counts
+as one copy."""
+
+
+def _c_order(result):
+    """CuPy allocates the output of an elementwise operation in C order, whatever the inputs'
+    layout (NumPy keeps the inputs' order): a token-major input gives a C-ordered output."""
+    if isinstance(result, np.ndarray) and result.ndim > 1 and not result.flags.c_contiguous:
+        return np.ascontiguousarray(result)
+    if isinstance(result, tuple):
+        return tuple(_c_order(r) for r in result)
+    return result
+
+
+def _count_result(name, result, sources):
+    """One operation for ``name``, unless it is a view function whose result shares memory with
+    one of ``sources`` (then nothing), or a view function that had to copy (then a copy)."""
+    if name in VIEWS:
+        arrays = result if isinstance(result, (tuple, list)) else (result,)
+        shared = all(not isinstance(r, np.ndarray) or r.size == 0
+                     or any(isinstance(s, np.ndarray) and np.shares_memory(r, s) for s in sources)
+                     for r in arrays)
+        if not shared and name not in ("empty", "empty_like"):
+            OPS.record("copy")
+        return
+    OPS.record(name)
+
+
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")
 
@@ -169,12 +236,16 @@ class DeviceArray(NDArrayOperatorsMixin):
         args = _unwrap(inputs, ufunc.__name__)
         kwargs = _unwrap(kwargs, ufunc.__name__)
         result = getattr(ufunc, method)(*args, **kwargs)
+        OPS.record(ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}")
         if out is not None:                                 # in place: the same device arrays back
             return out[0] if len(out) == 1 else out
-        return _wrap(result)
+        return _wrap(_c_order(result))
 
     def __array_function__(self, func, types_, args, kwargs):
-        return _wrap(func(*_unwrap(args, func.__name__), **_unwrap(kwargs, func.__name__)))
+        args, kwargs = _unwrap(args, func.__name__), _unwrap(kwargs, func.__name__)
+        result = func(*args, **kwargs)
+        _count_result(func.__name__, result, [a for a in args if isinstance(a, np.ndarray)] + [self._a])
+        return _wrap(result)
 
     # -- the ndarray surface
     shape = property(lambda self: self._a.shape)
@@ -200,10 +271,14 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __getitem__(self, key):
         _count_mask_read(key)
-        return _wrap(self._a[_unwrap(key, "indexing", allow_host=True)])
+        result = self._a[_unwrap(key, "indexing", allow_host=True)]
+        if isinstance(result, np.ndarray) and result.size and not np.shares_memory(result, self._a):
+            OPS.record("gather")                             # advanced indexing copies
+        return _wrap(result)
 
     def __setitem__(self, key, value):
         _count_mask_read(key)
+        OPS.record("setitem")
         self._a[_unwrap(key, "indexing", allow_host=True)] = _unwrap(value, "assignment", allow_host=True)
 
     def __getattr__(self, name):
@@ -216,7 +291,10 @@ class DeviceArray(NDArrayOperatorsMixin):
             READS.record("nonzero()")
 
         def method(*args, **kwargs):
-            return _wrap(attr(*_unwrap(args, name), **_unwrap(kwargs, name)))
+            result = attr(*_unwrap(args, name), **_unwrap(kwargs, name))
+            if not (name == "astype" and result is self._a):      # astype(same dtype, copy=False): nothing
+                _count_result(name, result, [self._a])
+            return _wrap(result)
 
         return method
 
@@ -258,13 +336,20 @@ class _UFunc:
         self.__name__ = ufunc.__name__
 
     def __call__(self, *args, **kwargs):
-        return _wrap(self._u(*_unwrap(args, self.__name__), **_unwrap(kwargs, self.__name__)))
+        OPS.record(self.__name__)
+        result = self._u(*_unwrap(args, self.__name__), **_unwrap(kwargs, self.__name__))
+        return _wrap(result if kwargs.get("out") is not None else _c_order(result))
 
     def __getattr__(self, name):
         attr = getattr(self._u, name)
         if not callable(attr):
             return attr
-        return lambda *a, **k: _wrap(attr(*_unwrap(a, self.__name__), **_unwrap(k, self.__name__)))
+
+        def method(*a, **k):
+            OPS.record(f"{self.__name__}.{name}")
+            return _wrap(attr(*_unwrap(a, self.__name__), **_unwrap(k, self.__name__)))
+
+        return method
 
 
 class _Generator:
@@ -277,6 +362,7 @@ class _Generator:
         attr = getattr(self._g, name)
 
         def draw(*args, **kwargs):
+            OPS.record(f"random.{name}")
             return _wrap(np.asarray(attr(*args, **kwargs)))
 
         return draw
@@ -326,7 +412,13 @@ def _make_module():
             if name in uploads:
                 if not isinstance(args[0], DeviceArray):
                     UPLOADS.record(f"{name}()")
+                    OPS.record("upload")
+                elif name == "array" and kwargs.get("copy", True):
+                    OPS.record("copy")
+                host = not isinstance(args[0], DeviceArray)
                 args = tuple(a._a if isinstance(a, DeviceArray) else a for a in args)
+                if host:                                  # an upload: device memory of its own
+                    return DeviceArray(np.array(args[0], *args[1:], **{**kwargs, "copy": True}))
                 return DeviceArray(np.array(args[0], *args[1:], **kwargs) if name == "array"
                                    else np.asarray(*args, **kwargs))
             if name in host_arguments:                      # e.g. split's indices: read on the host by CuPy too
@@ -336,6 +428,7 @@ def _make_module():
             if name in sizes_on_host:
                 READS.record(f"{name}()")
             result = attr(*args, **_unwrap(kwargs, name, allow_host=name in host_arguments))
+            _count_result(name, result, [a for a in args if isinstance(a, np.ndarray)])
             return result if name in ("may_share_memory", "shares_memory") else _wrap(result)
 
         function.__name__ = name
@@ -402,13 +495,22 @@ def emulated_row_kernel(source, name, dtype):
     LAUNCHED.add(name)
 
     def run(grid, block, args):
+        OPS.record(f"kernel {name}")
         n = grid[0]
         if name == "layer_norm_forward":
             x, stride, w, b, y, xhat, rstd, width, eps, affine = args
             d, item = int(width), x.itemsize
             X = np.lib.stride_tricks.as_strided(x._a, (n, d), (int(stride) * item, item))
             mean = X.mean(axis=1, keepdims=True)
-            r = 1 / np.sqrt(((X - mean) ** 2).mean(axis=1, keepdims=True) + eps)
+            with np.errstate(over="ignore"):
+                var = ((X - mean) ** 2).mean(axis=1, keepdims=True)
+            r = 1 / np.sqrt(var + eps)
+            big = ~np.isfinite(var[:, 0])                # the kernel's branch for squares that overflow
+            if big.any():
+                c = X[big] - mean[big]
+                scale = np.abs(c).max(axis=1, keepdims=True)
+                r[big] = 1 / np.hypot(scale * np.sqrt(((c / scale) ** 2).mean(axis=1, keepdims=True)),
+                                      np.sqrt(eps))
             H = xhat._a.reshape(n, d)                # a view only when xhat is C-contiguous
             H[...] = (X - mean) * r
             assert np.shares_memory(H, xhat._a), "the kernel writes xhat as C-contiguous rows"
@@ -438,9 +540,9 @@ def emulated_row_kernel(source, name, dtype):
                 P[0, k] = (G[rows_k] * H[rows_k]).sum(axis=0)
                 P[1, k] = G[rows_k].sum(axis=0)
         elif name == "sum_chunks":
-            partial, out, planes, chunks, width = args
-            out._a.reshape(int(planes), int(width))[...] = \
-                partial._a.reshape(int(planes), int(chunks), int(width)).sum(axis=1)
+            partial, dweight, dbias, chunks, width = args
+            sums = partial._a.reshape(2, int(chunks), int(width)).sum(axis=1)
+            dweight._a[...], dbias._a[...] = sums[0], sums[1]
         elif name == "softmax_backward":
             p, g, dx, width = args
             d = int(width)
@@ -464,6 +566,7 @@ def emulated_elementwise(in_params, out_params, body, name):
         return x * h, h + x * h * (1 - t) * (c0 + 3 * c0 * c1 * x * x)
 
     def run(*args):
+        OPS.record(f"kernel {name}")
         a = [v._a if isinstance(v, DeviceArray) else v for v in args]
         if name == "tinymlp_gelu_tanh_grad":
             y, d = gelu(a[0])
@@ -501,6 +604,7 @@ def emulated_kernel(source, name, dtype):
     LAUNCHED.add(name)
 
     def run(grid, block, args):
+        OPS.record(f"kernel {name}")
         if name == "adam_step":
             g, m, v, table, starts, count, b1, omb1, b2, omb2, eps_c, step_size, decay = args
             assert len(table) == int(count) and isinstance(table, Table)
@@ -527,14 +631,27 @@ def emulated_kernel(source, name, dtype):
     return run
 
 
-def emulate(monkeypatch):
+_tables = {}
+
+
+def pointer_table(arrays):
+    """``optim_cuda.pointer_table`` on the stand-in: the arrays themselves (a ``Table``) and their
+    offsets, uploaded when the set of arrays (their memory) is new, as the real one caches."""
+    key = tuple((a._a.__array_interface__["data"][0], a.size) for a in arrays)
+    if key not in _tables:
+        _tables[key] = standin.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))
+    return Table(arrays), _tables[key]
+
+
+def emulate(monkeypatch, check=True):
     """Every fast-tier CUDA kernel "working" on an installed stand-in (both dtypes), emulated in
-    NumPy; the self-tests run (launching every kernel once), then ``LAUNCHED`` is emptied."""
+    NumPy; the self-tests run (launching every kernel once and comparing its numbers with
+    NumPy's) unless ``check`` is False, then ``LAUNCHED`` is emptied."""
     monkeypatch.setattr(cuda, "kernel", emulated_kernel)
     monkeypatch.setattr(cuda, "elementwise", emulated_elementwise)
     monkeypatch.setattr(cuda, "_kernel_state", {})
-    monkeypatch.setattr(optim_cuda, "pointer_table", lambda arrays: (
-        Table(arrays), standin.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))))
-    for dtype in (np.float32, np.float64):
+    monkeypatch.setattr(optim_cuda, "pointer_table", pointer_table)
+    _tables.clear()
+    for dtype in (np.float32, np.float64) if check else ():
         assert cuda.kernels_work(dtype)                   # the self-tests launch every kernel once
     LAUNCHED.clear()

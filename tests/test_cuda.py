@@ -564,3 +564,25 @@ def test_fused_clipping_matches_the_per_gradient_code(cp, dtype):
         np.testing.assert_allclose(results["fast"][0], norm, rtol=rtol)
         for a, b in zip(results["fast"][1], results["reference"][1]):
             np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * 1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_kernel_normalises_rows_whose_squares_overflow(cp, dtype):
+    """|x - mean| past 1.8e19 overflows float32 when squared: the kernel then scales the row by
+    its largest |x - mean| first, as ops/norm.py does, instead of giving x_hat = 0."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 257)) * 1e20
+    x[1] /= 1e20                                           # an ordinary row beside them
+    xhat_ref, rstd_ref = norm.normalize(x, 1e-5)
+    y, xhat, rstd = norm_cuda.layer_norm_forward(gpu(x, dtype), None, None, 1e-5)
+    assert_close(xhat, xhat_ref, dtype, "x_hat of rows that overflow")
+    np.testing.assert_allclose(host(rstd) * (1 / rstd_ref[:, 0]), 1.0, rtol=1e-5)
+
+
+def test_every_kernel_passes_its_numeric_self_test(cp):
+    """What the fast tier compares with NumPy before it uses its kernels (both dtypes)."""
+    from tinymlp.fast import cuda
+
+    cuda._kernel_state.clear()
+    for dtype in DTYPES:
+        assert cuda.kernels_work(dtype), cuda.kernel_failure(dtype)

@@ -534,3 +534,60 @@ def test_the_in_place_guard_on_the_gpu_sees_writes_through_tinymlp_and_says_data
     assert "in-place guard" in section and "t.data[...] = v" in section
     assert "On the CPU\n        only" in tinymlp.Tensor.data.__doc__
     assert "CPU arrays only" in tinymlp.guard.before_raw_access.__doc__
+
+
+# ============================================================================ device operations per step
+def test_a_kernel_that_computes_wrong_numbers_falls_back_with_one_warning(gpu, monkeypatch):
+    """The self-test compares every kernel's numbers with NumPy's before the kernels are used:
+    a kernel that runs but computes something else is not used (the array code computes)."""
+    def broken(source, name, dtype):
+        run = emulated_kernel(source, name, dtype)
+        if name != "softmax_backward":
+            return run
+
+        def wrong(grid, block, args):
+            run(grid, block, args)
+            args[2]._a[...] *= 2                           # dx twice what it should be
+        return wrong
+
+    cupy_standin.emulate(monkeypatch, check=False)
+    monkeypatch.setattr(cuda, "kernel", broken)
+    monkeypatch.setattr(cuda, "_kernel_state", {})
+    with pytest.warns(RuntimeWarning, match="the softmax backward computed other numbers than NumPy"):
+        assert not cuda.kernels_work(np.float32)
+    x = tinymlp.tensor(np.ones((2, 3), np.float32), device="cuda")
+    assert not cuda.applies(x.data)                        # the fast ops take their array code
+
+
+def _step_ops(model, x, y, optimizer):
+    """(device operations of one training step, of its clipping and optimizer step alone)."""
+    ops = cupy_standin.OPS
+    ops.reset()
+    optimizer.zero_grad()
+    loss = tinymlp.functional.cross_entropy(model(x), y)
+    loss.backward()
+    before = ops.count
+    tinymlp.optim.clip_grad_norm(model.parameters(), 1.0, sync=False)
+    optimizer.step()
+    return ops, ops.count - before
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_a_training_step_copies_no_gradient_and_updates_all_parameters_in_a_few_launches(emulated, name):
+    """What keeps a GPU step from being bound by the host: each parameter's gradient is the
+    array its op's backward made (no copy a parameter), and clipping and AdamW cost a few
+    launches for all the parameters together, however many there are."""
+    model = tinymlp.models.create(name, seed=0, **SMALL[name]).to("cuda")
+    optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    rng = np.random.default_rng(0)
+    x = tinymlp.tensor(rng.random((2, 3, 32, 32)).astype(np.float32), device="cuda")
+    y = tinymlp.tensor(rng.integers(0, 10, size=2), device="cuda")
+    _step_ops(model, x, y, optimizer)                        # the first step builds the state
+    _step_ops(model, x, y, optimizer)                        # (and the pointer tables)
+    ops, update = _step_ops(model, x, y, optimizer)
+    copies = {site: n for (kind, site), n in ops.sites.items() if kind == "copy" and site.startswith("autograd")}
+    assert not copies, f"gradients copied by the engine: {copies}"
+    assert len(list(model.parameters())) > 10
+    # the norm (2 launches), the scaling (1), gathering the gradients (1), AdamW (1), and an upload
+    # of the gradients' addresses when the memory pool gave them new ones
+    assert update <= 6, f"{update} device operations to clip and update {len(list(model.parameters()))} parameters"

@@ -90,6 +90,62 @@ def test_leaf_grad_is_not_an_alias_of_an_array_in_the_graph():
     np.testing.assert_array_equal(x.grad, [2.0, 2.0])
 
 
+def test_a_leaf_keeps_a_gradient_no_one_else_holds_without_copying_it():
+    """A backward's fresh array becomes the leaf's .grad as it is (a copy would be one more
+    pass over memory, and one more launch a parameter on a GPU)."""
+    made = []
+
+    class Fresh(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            out = g * 2
+            made.append(id(out))                   # (the id only: a reference would share it)
+            return out
+
+    x = leaf([1.0, 2.0])
+    Fresh.apply(x).sum().backward()
+    assert id(x.grad) == made[0]
+    np.testing.assert_array_equal(x.grad, [2.0, 2.0])
+
+
+def test_leaf_gradients_never_share_memory_with_each_other_or_a_saved_array():
+    """What a leaf may not keep as it is: one array handed to two leaves (Add's backward), a view,
+    an array a graph kept by retain_graph still holds. Accumulating into one leaf's .grad must
+    change nothing else."""
+    a, b = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    (a + b).sum().backward()                             # Add returns the same g for both
+    assert not np.shares_memory(a.grad, b.grad)
+    a.grad += 1
+    np.testing.assert_array_equal(b.grad, [1.0, 1.0])
+
+    x = leaf([[1.0, 2.0], [3.0, 4.0]])
+    (x.reshape(4) * 3.0).sum().backward()                # Reshape's backward returns a view of g
+    assert x.grad.base is None and x.grad.shape == (2, 2)   # a whole array of its own
+
+    saved = np.array([5.0, 6.0])
+
+    class GivesSaved(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(saved)
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.saved_tensors[0]                  # an array the graph still holds
+
+    w = leaf([0.0, 0.0])
+    out = GivesSaved.apply(w).sum()
+    out.backward(retain_graph=True)
+    out.backward()
+    np.testing.assert_array_equal(w.grad, [10.0, 12.0])
+    np.testing.assert_array_equal(saved, [5.0, 6.0])     # the second backward added into a copy
+
+
 def test_second_backward_without_retain_graph_raises_clearly():
     x = leaf([1.0, 2.0])
     y = (x * x).sum()

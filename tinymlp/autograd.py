@@ -25,6 +25,7 @@ implementation: the one hook through which the fast tier, tinymlp/fast/, takes o
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 
@@ -257,9 +258,9 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
         g = grads.pop(id(node), None)
         if g is None:
             continue
-        if isinstance(node, Tensor):  # a leaf: accumulate, never alias an array the graph may still share
-            if node.grad is None:
-                node.grad = g.copy(order="K")   # in the layout it came in
+        if isinstance(node, Tensor):  # a leaf: accumulate, never into an array that anything else holds
+            if node.grad is None:     # keep g if it is a whole array no one else holds, else copy it
+                node.grad = g if g.base is None and sys.getrefcount(g) <= 2 else g.copy(order="K")
             else:
                 node.grad += g
             continue
@@ -270,12 +271,11 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             )
         node.retain_graph = retain_graph
         guard.check_unmodified(node)
-        in_grads = contract.gradients(node, node.fn.backward(node, g))   # one per input, shapes checked
-        for parent, ig in zip(node.parents, in_grads):
-            if parent is None or ig is None:
-                continue
-            prev = grads.get(id(parent))
-            grads[id(parent)] = ig if prev is None else prev + ig
+        for parent, ig in zip(node.parents, contract.gradients(node, node.fn.backward(node, g))):
+            if parent is not None and ig is not None:       # one per input, shapes checked
+                prev = grads.get(id(parent))
+                grads[id(parent)] = ig if prev is None else prev + ig
+        ig = prev = None              # (the loop's last values would count as holders of a gradient)
         if not retain_graph:
             guard.release(node)
             _free(node)

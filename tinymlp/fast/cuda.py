@@ -9,14 +9,16 @@ The kernels themselves, with their Python launchers, are in ``fast/kernels/<topi
 - ``supported(*arrays)``: float32 or float64 arrays of one dtype, what every kernel takes
   (nothing is cast); ``applies(*arrays)``: whether an op should call the kernels at all;
 - the self-test: a kernel that does not compile or run (a CuPy without the CUDA headers, an
-  unusual GPU) costs speed, never the run. The first time ``applies`` meets a dtype, every
-  kernel registered with ``self_test`` is compiled and run once on a tiny input; if one fails,
-  a single RuntimeWarning says which and why, and the fast ops take their array code on CUDA
-  for that dtype from then on;
+  unusual GPU), or computes wrong numbers, costs speed, never the run or the result. The first
+  time ``applies`` meets a dtype (for float32: when CUDA is first made ready), every kernel
+  registered with ``self_test`` is compiled and run on small inputs and its numbers compared
+  with NumPy's; if one fails, a single RuntimeWarning says which and why, and the fast ops take
+  their array code on CUDA for that dtype from then on;
 - ``kernel(source, name, dtype)`` and ``elementwise(...)``: every raw kernel and every
   elementwise kernel of the fast tier is compiled through these two functions, once per dtype,
   and cached (CuPy also keeps the binaries in ``~/.cupy/kernel_cache``);
-- ``COMMON_SOURCE``: the device functions the row kernels share (``block_sum``), and helpers for
+- ``COMMON_SOURCE``: the device functions the row kernels share (``block_sum``, ``block_max``,
+  ``sqrt_t`` and friends for either T), and helpers for
   reading an array as rows (``rows``, ``dense_order``, ``block``).
 
 The row kernels (one thread block per row) use a block of 32..256 threads, a multiple of the
@@ -27,13 +29,14 @@ leaves threads idle (width 1 is one active thread), so any width is correct.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import warnings
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import add_cuda_check, array_module
 from .layout import memory_order
 
 __all__ = ["COMMON_SOURCE", "applies", "block", "check", "contiguous_rows", "cupy", "dense_order", "elementwise",
@@ -80,32 +83,68 @@ _self_tests = []
 
 
 def self_test(test):
-    """Register ``test(dtype)``, which launches a topic's kernels on a few elements of ``dtype``
-    (reading nothing back), to run before ``kernels_work`` says yes; returns ``test``."""
+    """Register ``test(dtype)``: it launches a topic's kernels on small inputs of ``dtype`` and
+    returns what they computed beside what they should have, ``[(what, device array, NumPy
+    expectation), ...]``, for ``kernels_work`` to compare; returns ``test``."""
     _self_tests.append(test)
     _kernel_state.clear()
     return test
 
 
 def kernels_work(dtype) -> bool:
-    """Compile and run every registered kernel once for ``dtype`` (the first time only);
-    False, after one RuntimeWarning, when one of them fails: the fast ops then use their array
-    code on CUDA (correct, slower). Nothing is read back to the host."""
+    """Compile and run every registered kernel once for ``dtype`` on small inputs and compare
+    its numbers with NumPy's (the first time only); False, after one RuntimeWarning, when one of
+    them fails to compile or run or computes something else: the fast ops then use their array
+    code on CUDA (correct, slower). The comparison reads a few numbers back, once per dtype."""
     dtype = np.dtype(dtype)
     if dtype not in _kernel_state:
         try:
-            for test in _self_tests:
-                test(dtype)
+            checks = [check for test in _self_tests for check in (test(dtype) or ())]
+            with _reads_allowed():
+                wrong = [what for what, got, want in checks if not _agrees(got.get(), want, dtype)]
+            if wrong:
+                raise ArithmeticError(f"{', '.join(wrong)} computed other numbers than NumPy")
             _kernel_state[dtype] = True
         except Exception as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             reason = f"{type(exc).__name__}{': ' + detail if detail else ''}"
             _kernel_state[dtype] = reason
             warnings.warn(
-                f"tinymlp's CUDA kernels for {dtype} failed to compile or run ({reason}); the fast tier "
-                f"uses its array code on CUDA instead (same results, slower); check the CUDA install "
-                f"with: python -m tinymlp doctor", RuntimeWarning, stacklevel=2)
+                f"tinymlp's CUDA kernels for {dtype} failed to compile or run, or computed wrong numbers "
+                f"({reason}); the fast tier uses its array "
+                f"code on CUDA instead (same results, slower); check the CUDA install with: "
+                f"python -m tinymlp doctor", RuntimeWarning, stacklevel=2)
     return _kernel_state[dtype] is True
+
+
+def _agrees(got, want, dtype):
+    """Within the rounding of ``dtype`` of the float64 expectation ``want``."""
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    return got.shape == want.shape and bool(np.allclose(got, want, rtol=rtol, atol=rtol * scale))
+
+
+def _reads_allowed():
+    """The self-test's reads, allowed inside ``cupyx.allow_synchronize(False)`` (a training loop
+    may start in one; this runs once per process and dtype)."""
+    try:
+        import cupyx
+    except ImportError:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")                 # CuPy warns that allow_synchronize is deprecated
+    stack.enter_context(cupyx.allow_synchronize(True))
+    return stack
+
+
+def _ready(cp):
+    """``get_cupy``'s readiness check: the float32 kernels compiled, run and compared before
+    the first step (nothing to report when they fail: the array code computes instead)."""
+    kernels_work(np.float32)
+
+
+add_cuda_check("the fast tier's CUDA kernels", _ready)
 
 
 def kernel_failure(dtype):
@@ -122,6 +161,11 @@ COMMON_SOURCE = r"""
 __device__ __forceinline__ float sqrt_t(float v) { return sqrtf(v); }
 __device__ __forceinline__ double sqrt_t(double v) { return sqrt(v); }
 
+__device__ __forceinline__ float abs_t(float v) { return fabsf(v); }
+__device__ __forceinline__ double abs_t(double v) { return fabs(v); }
+__device__ __forceinline__ float hypot_t(float a, float b) { return hypotf(a, b); }
+__device__ __forceinline__ double hypot_t(double a, double b) { return hypot(a, b); }
+
 // The sum of v over the thread block, returned to every thread. blockDim.x must be a multiple
 // of 32 (every lane of every warp takes part in the shuffles) and at most 1024.
 // shared[0..31] holds one partial sum per warp, shared[32] the total. Two barriers make the
@@ -137,6 +181,30 @@ __device__ __forceinline__ T block_sum(T v, T* shared) {
     if (warp == 0) {
         v = (lane < (int)(blockDim.x >> 5)) ? shared[lane] : T(0);
         for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(full, v, offset);
+        if (lane == 0) shared[32] = v;
+    }
+    __syncthreads();
+    return shared[32];
+}
+
+// The largest v over the thread block (every v >= 0: idle lanes count as 0), returned to every
+// thread, as block_sum does with the sum.
+__device__ __forceinline__ T block_max(T v, T* shared) {
+    const unsigned int full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const T o = __shfl_down_sync(full, v, offset);
+        v = o > v ? o : v;
+    }
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = (lane < (int)(blockDim.x >> 5)) ? shared[lane] : T(0);
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const T o = __shfl_down_sync(full, v, offset);
+            v = o > v ? o : v;
+        }
         if (lane == 0) shared[32] = v;
     }
     __syncthreads();

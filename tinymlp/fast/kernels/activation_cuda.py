@@ -8,6 +8,8 @@ written with arrays. The backward, G * dy/dx, is one CuPy multiply already.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...ops.activation import C0, C1
 from .. import cuda
 
@@ -51,6 +53,11 @@ def gelu_backward(g, dydx):
 
 @cuda.self_test
 def _self_test(dtype):
-    x = cuda.cupy().ones((2, 3), dtype=dtype)
-    gelu_tanh_forward(x, want_derivative=True)
-    gelu_tanh_forward(x, want_derivative=False)
+    cp = cuda.cupy()
+    x = np.linspace(-6, 6, 37).reshape(1, 37)
+    t = np.tanh(C0 * (x + C1 * x**3))
+    h = 0.5 * (1 + t)
+    y, dydx = gelu_tanh_forward(cp.asarray(x, dtype=dtype), want_derivative=True)
+    y_only, _ = gelu_tanh_forward(cp.asarray(x, dtype=dtype), want_derivative=False)
+    return [("GELU", y, x * h), ("GELU without its derivative", y_only, x * h),
+            ("GELU's derivative", dydx, h + x * h * (1 - t) * (C0 + 3 * C0 * C1 * x * x))]

@@ -9,6 +9,8 @@ dL/dz1 = G * F and G_F = G * z1. ``f`` is an output parameter that the kernel al
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import cuda
 
 __all__ = ["sgu_gate_backward", "sgu_gate_forward"]
@@ -63,9 +65,14 @@ def sgu_gate_backward(g, f, z1, dz1=None):
 @cuda.self_test
 def _self_test(dtype):
     cp = cuda.cupy()
-    x = cp.ones((2, 3), dtype=dtype)
-    w = cp.ones(3, dtype=dtype)
-    f = cp.ones((1, 2, 3), dtype=dtype)
-    sgu_gate_forward(f, w, x, f)
-    sgu_gate_forward(f, w, x, f, gate_residual=f)
-    sgu_gate_backward(f, f, f)
+    rng = np.random.default_rng(0)
+    f, z1, a, g = (rng.standard_normal((2, 3, 5)) for _ in range(4))
+    gamma, shift = rng.standard_normal(5), rng.standard_normal((3, 5))
+    dev = lambda v: cp.asarray(v, dtype=dtype)   # noqa: E731
+    f1, f2 = dev(f), dev(f)
+    out = sgu_gate_forward(f1, dev(gamma), dev(shift), dev(z1))
+    out_a = sgu_gate_forward(f2, dev(gamma), dev(shift), dev(z1), gate_residual=dev(a))
+    dz1, gf = sgu_gate_backward(dev(g), dev(f), dev(z1))
+    F = f * gamma + shift
+    return [("the gate", out, z1 * F), ("the gate's F", f1, F), ("the gate with a residual", out_a, z1 * (F + a)),
+            ("the gate's backward (dz1)", dz1, g * f), ("the gate's backward (gF)", gf, g * z1)]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import add_cuda_check
 from .. import cuda
 from ..layout import inverse
 
@@ -26,6 +25,10 @@ __all__ = ["SOURCE", "layer_norm_backward", "layer_norm_forward", "layer_norm_no
 SOURCE = r"""// LayerNorm forward of one row per block. x rows start every x_stride elements (a strided
 // view such as z[..., e:] is read in place); xhat, y are contiguous (rows, width).
 // xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps); y = xhat * weight + bias if affine.
+// A row whose squares overflow (|x - mean| past sqrt of the largest float: 1.8e19 in float32)
+// is normalised as ops/norm.py does it: divided by its largest |x - mean| s before squaring,
+// std = s sqrt(mean((c / s)^2)) and rstd = 1 / hypot(std, sqrt(eps)). The branch is taken by
+// the whole block or not at all (every thread sees the same sum).
 extern "C" __global__ void layer_norm_forward(
         const T* x, const long long x_stride, const T* weight, const T* bias,
         T* y, T* xhat, T* rstd, const int width, const T eps, const int affine) {
@@ -40,7 +43,24 @@ extern "C" __global__ void layer_norm_forward(
         const T c = xr[j] - mean;
         ss += c * c;
     }
-    const T r = T(1) / sqrt_t(block_sum(ss, shared) / T(width) + eps);
+    const T var = block_sum(ss, shared) / T(width);
+    T r;
+    if (var - var == T(0)) {                      // finite: the usual case
+        r = T(1) / sqrt_t(var + eps);
+    } else {
+        T m = 0;
+        for (int j = threadIdx.x; j < width; j += blockDim.x) {
+            const T c = abs_t(xr[j] - mean);
+            m = c > m ? c : m;
+        }
+        const T scale = block_max(m, shared);
+        T q = 0;
+        for (int j = threadIdx.x; j < width; j += blockDim.x) {
+            const T c = (xr[j] - mean) / scale;
+            q += c * c;
+        }
+        r = T(1) / hypot_t(scale * sqrt_t(block_sum(q, shared) / T(width)), sqrt_t(eps));
+    }
     T* hr = xhat + row * width;
     T* yr = y + row * width;
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
@@ -112,17 +132,18 @@ extern "C" __global__ void layer_norm_param_partials(
     }
 }
 
-// Second pass: out[p, c] = sum over k of partial[p, k, c] for the planes p (one thread each
-// (p, c), reading the chunks in order: the same sum on every run).
+// Second pass: dweight[c] = sum over k of partial[0, k, c], dbias[c] of partial[1, k, c] (one
+// thread each (plane, c), reading the chunks in order: the same sum on every run). Two arrays
+// of their own, so that each parameter's gradient is a whole array, not a view of a shared one.
 extern "C" __global__ void sum_chunks(
-        const T* partial, T* out, const int planes, const int chunks, const int width) {
+        const T* partial, T* dweight, T* dbias, const int chunks, const int width) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= planes * width) return;
+    if (i >= 2 * width) return;
     const int plane = i / width, col = i % width;
     const T* src = partial + (long long)plane * chunks * width + col;
     T s = 0;
     for (int k = 0; k < chunks; ++k) s += src[(long long)k * width];
-    out[i] = s;
+    (plane == 0 ? dweight : dbias)[col] = s;
 }
 
 """
@@ -192,10 +213,9 @@ def layer_norm_param_grads(g, xhat):
     """
     cp = cuda.cupy()
     rows, d = g.shape
-    out = cp.empty((2, d), dtype=g.dtype)
     if rows == 0 or d == 0:
-        out[...] = 0
-        return out[0], out[1]
+        return cp.zeros(d, dtype=g.dtype), cp.zeros(d, dtype=g.dtype)
+    dweight, dbias = cp.empty(d, dtype=g.dtype), cp.empty(d, dtype=g.dtype)
     col_blocks = -(-d // 32)
     rows_per_chunk = max(32, -(-rows * col_blocks // CHUNK_BLOCKS))
     chunks = -(-rows // rows_per_chunk)
@@ -204,8 +224,8 @@ def layer_norm_param_grads(g, xhat):
         (col_blocks, chunks), (32, 8),
         (g, xhat, partial, np.int64(rows), np.int32(d), np.int64(rows_per_chunk)))
     cuda.kernel(SOURCE, "sum_chunks", g.dtype)(
-        (-(-2 * d // 256),), (256,), (partial, out, np.int32(2), np.int32(chunks), np.int32(d)))
-    return out[0], out[1]
+        (-(-2 * d // 256),), (256,), (partial, dweight, dbias, np.int32(chunks), np.int32(d)))
+    return dweight, dbias
 
 
 def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dweight=True, need_dbias=True):
@@ -255,24 +275,22 @@ def layer_norm_backward(g, xhat, rstd, weight, out=None, need_dx=True, need_dwei
 
 @cuda.self_test
 def _self_test(dtype):
-    """Launch every kernel above on a few elements of ``dtype`` (no result is read)."""
+    """Every launcher on rows of 37 (one of them with squares that overflow float32), against
+    the reference formulas of ops/norm.py computed in float64."""
+    from ...ops.norm import normalize, normalize_backward
+
     cp = cuda.cupy()
-    x = cp.ones((2, 3), dtype=dtype)
-    w = cp.ones(3, dtype=dtype)
-    _, xhat, rstd = layer_norm_forward(x, w, w, 1e-5)
-    layer_norm_backward(x, xhat, rstd, w)
-
-
-def _layer_norm_check(cupy):
-    """The float32 LayerNorm kernel against NumPy, for ``get_cupy``'s readiness check (None,
-    nothing to compare, when the kernels fell back: the array code computes instead)."""
-    if not cuda.kernels_work(np.float32):
-        return None
-    x = (np.arange(3 * 40, dtype=np.float32).reshape(3, 40) % 7) - 3
-    mean = x.mean(axis=1, keepdims=True)
-    expected = (x - mean) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
-    y, _, _ = layer_norm_forward(cupy.asarray(x), None, None, 1e-5)
-    return y, expected
-
-
-add_cuda_check("the fast tier's LayerNorm kernel", _layer_norm_check)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 37)) * 3 + 1
+    x[3] *= 1e20                                   # (x - mean)^2 overflows float32 there
+    w, b, g = rng.standard_normal(37), rng.standard_normal(37), rng.standard_normal((4, 37))
+    dev = lambda v: cp.asarray(v, dtype=dtype)   # noqa: E731
+    xhat_ref, rstd_ref = normalize(x, 1e-5)
+    y, xhat, rstd = layer_norm_forward(dev(x), dev(w), dev(b), 1e-5)
+    xhat_only, _ = layer_norm_normalize(dev(x), 1e-5)
+    dx, dw, db = layer_norm_backward(dev(g), xhat, rstd, dev(w))
+    return [("LayerNorm", y, xhat_ref * w + b), ("LayerNorm's normalisation", xhat_only, xhat_ref),
+            ("LayerNorm's 1/std", rstd * dev(1 / rstd_ref[:, 0]), np.ones(4)),
+            ("LayerNorm's backward", dx, normalize_backward(g * w, xhat_ref, rstd_ref)),
+            ("LayerNorm's weight gradient", dw, (g * xhat_ref).sum(axis=0)),
+            ("LayerNorm's bias gradient", db, g.sum(axis=0))]

@@ -169,8 +169,25 @@ def scale_all(arrays, scale):
 
 @cuda.self_test
 def _self_test(dtype):
+    """One AdamW step over two parameters, and clipping them, against NumPy."""
     cp = cuda.cupy()
-    arrays = [cp.zeros(2, dtype=dtype), cp.zeros((2, 2), dtype=dtype)]
-    flat = cp.zeros(6, dtype=dtype)
-    adam_step(arrays, flat, flat, flat, b1=0.9, b2=0.999, eps_c=1e-8, step_size=1e-3, decay=1.0)
-    scale_all(arrays, clip_by_norm(arrays, 1.0)[1])
+    rng = np.random.default_rng(0)
+    shapes = [(3,), (5, 7)]
+    p0 = [rng.standard_normal(s) for s in shapes]
+    g, m, v = (rng.standard_normal(38) for _ in range(3))
+    v = np.abs(v)
+    params = [cp.asarray(a, dtype=dtype) for a in p0]
+    m_dev, v_dev = cp.asarray(m, dtype=dtype), cp.asarray(v, dtype=dtype)
+    adam_step(params, cp.asarray(g, dtype=dtype), m_dev, v_dev, b1=0.9, b2=0.999, eps_c=1e-8,
+              step_size=1e-2, decay=0.99)
+    m1, v1 = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+    flat = np.concatenate([a.ravel() for a in p0]) * 0.99 - 1e-2 * m1 / (np.sqrt(v1) + 1e-8)
+    grads = [cp.asarray(a, dtype=dtype) for a in p0]
+    total, scale = clip_by_norm(grads, 1.0)
+    scale_all(grads, scale)
+    norm = np.sqrt(sum((a * a).sum() for a in p0))
+    return [("AdamW's first moment", m_dev, m1), ("AdamW's second moment", v_dev, v1),
+            ("AdamW's update", cp.concatenate([a.ravel() for a in params]), flat),
+            ("the gradients' norm", total, np.array(norm)),
+            ("the clipped gradients", cp.concatenate([a.ravel() for a in grads]),
+             np.concatenate([a.ravel() for a in p0]) * min(1.0, 1.0 / (norm + 1e-6)))]
