@@ -41,7 +41,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from tinymlp import backend
 from tinymlp.fast import cuda
-from tinymlp.fast.kernels import activation_cuda, optim_cuda
+from tinymlp.fast.kernels import activation_cuda, dropout_cuda, optim_cuda
 
 
 # ============================================================================ the stand-in
@@ -580,6 +580,10 @@ def emulated_elementwise(in_params, out_params, body, name):
             f[...] = f * gamma + shift + residual
             out[...] = z1 * f
             return args[-2], args[-1]
+        if name == "tinymlp_dropout":
+            x, seed, p, scale = a
+            u = dropout_cuda.hash_uniform(int(seed), x.size).reshape(x.shape)   # i: the C-order index
+            return DeviceArray(np.where(u >= p, x * scale, x.dtype.type(0)).astype(x.dtype))
         if name == "tinymlp_sgu_gate_backward":
             g, f, z1, dz1, gf = a
             dz1[...] = g * f

@@ -586,3 +586,21 @@ def test_every_kernel_passes_its_numeric_self_test(cp):
     cuda._kernel_state.clear()
     for dtype in DTYPES:
         assert cuda.kernels_work(dtype), cuda.kernel_failure(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_dropout_kernel_applies_the_hash_mask_each_way(cp, dtype):
+    """The mask the kernel draws is the SplitMix64 hash of (seed, index) computed in NumPy, on any
+    layout, and backward (the same seed on the gradient) applies the same mask."""
+    from tinymlp.fast.kernels import dropout_cuda
+
+    rng = np.random.default_rng(0)
+    host_x = rng.standard_normal((3, 5, 33)).astype(dtype)
+    x = cp.ascontiguousarray(cp.asarray(host_x).transpose(1, 0, 2)).transpose(1, 0, 2)   # token-major
+    y = host(dropout_cuda.dropout_apply(x, 2024, 0.3))
+    keep = dropout_cuda.hash_uniform(2024, host_x.size).reshape(host_x.shape) >= 0.3
+    np.testing.assert_array_equal(y != 0, keep & (host_x != 0))
+    assert_close(y, np.where(keep, host_x / 0.7, 0), dtype, "dropout forward")
+    assert 0.6 < keep.mean() < 0.8
+    g = host(dropout_cuda.dropout_apply(gpu(np.ones(host_x.shape), dtype), 2024, 0.3))
+    np.testing.assert_array_equal(g != 0, keep)

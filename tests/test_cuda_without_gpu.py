@@ -68,21 +68,44 @@ def test_random_crop_reads_nothing_back_and_crops_like_the_padded_batch(gpu):
         np.testing.assert_array_equal(got[b], padded[b, :, oy[b]:oy[b] + 6, ox[b]:ox[b] + 7])
 
 
-def test_dropout_keeps_a_few_device_generators(gpu):
-    from tinymlp.ops import dropout
-    dropout._device_rngs.clear()
-    hosts = [np.random.default_rng(i) for i in range(20)]
-    for h in hosts:
-        dropout._device_rng(gpu, h)
-    assert len(dropout._device_rngs) <= dropout.MAX_DEVICE_RNGS <= 8
-    last = hosts[-1]
-    assert dropout._device_rng(gpu, last) is dropout._device_rng(gpu, last)   # reused, not rebuilt
-    x = tinymlp.tensor(np.ones((4, 8)), device="cuda")
-    with no_host_reads():
-        y = tinymlp.nn.functional.dropout(x, 0.5, rng=np.random.default_rng(3)) if hasattr(tinymlp.nn, "functional") \
-            else dropout.dropout(x, 0.5, rng=np.random.default_rng(3))
-    assert y.device == "cuda"
-    dropout._device_rngs.clear()
+def test_dropout_on_the_reference_tier_draws_the_cpus_mask_on_the_host(gpu):
+    """A NumPy generator draws on the host for a GPU tensor too (an upload): the CPU's mask."""
+    x_host = np.random.default_rng(0).standard_normal((4, 8))
+    with tinymlp.fast.disabled():
+        on_gpu = tinymlp.functional.dropout(tinymlp.tensor(x_host, device="cuda"), 0.5, rng=np.random.default_rng(3))
+        on_cpu = tinymlp.functional.dropout(tinymlp.tensor(x_host), 0.5, rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(on_gpu.data.get(), on_cpu.data)
+
+
+def test_dropout_on_the_gpu_draws_its_mask_in_the_kernel_from_a_seed_and_resumes_exactly(emulated):
+    """One kernel each way, no mask kept between forward and backward, nothing read back; a
+    generator restored to a saved state (a resumed run) gives the masks the run would have drawn."""
+    from tinymlp.checkpoint import generator_state, restore_generator
+
+    x_host = np.random.default_rng(0).standard_normal((6, 40)).astype(np.float32)
+
+    def step(rng, reads=contextlib.nullcontext()):
+        x = tinymlp.tensor(x_host, device="cuda", requires_grad=True)
+        g = emulated.asarray(np.ones(x_host.shape, np.float32))
+        with reads:
+            y = tinymlp.functional.dropout(x, 0.25, rng=rng)
+            y.backward(g)
+        return y.data.get(), x.grad.get()
+
+    rng = np.random.default_rng(7)
+    cupy_standin.OPS.reset()
+    y1, g1 = step(rng, no_host_reads())
+    kernels = [k for k in cupy_standin.OPS.kinds if k.startswith("kernel")]
+    assert kernels == ["kernel tinymlp_dropout"] and cupy_standin.OPS.kinds["kernel tinymlp_dropout"] == 2
+    kept = y1 != 0
+    np.testing.assert_allclose(y1[kept], x_host[kept] / 0.75, rtol=1e-6)
+    np.testing.assert_array_equal(g1 != 0, kept)               # backward applies the same mask
+    assert 0.6 < kept.mean() < 0.9
+    saved = generator_state(rng)
+    y2, _ = step(rng)                                           # the uninterrupted run's next step
+    y2_resumed, _ = step(restore_generator(saved))              # the same step after a resume
+    np.testing.assert_array_equal(y2, y2_resumed)
+    assert (y2 != y1).any()                                     # and another mask than the step before
 
 
 def test_a_kernel_that_does_not_compile_falls_back_with_one_warning(gpu, monkeypatch):

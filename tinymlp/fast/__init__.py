@@ -45,6 +45,7 @@ import contextlib
 from .. import dispatch
 from ..ops.activation import GELU
 from ..ops.attention import Attention, SelfAttention, Softmax
+from ..ops.dropout import Dropout
 from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from ..ops.linear import Linear
 from ..ops.norm import LayerNorm
@@ -52,6 +53,7 @@ from ..ops.shape import GetItem, Patchify
 from . import compiled, memory  # noqa: F401  (memory: malloc keeps freed memory, set at import)
 from .activation import CompiledGELU, CudaGELU, FastGELU
 from .attention import CudaAttention, CudaSelfAttention, CudaSoftmax, FastAttention, FastSelfAttention, FastSoftmax
+from .dropout import CudaDropout
 from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating, FastToeplitz1d, FastToeplitz2d
 from .linear import FastLinear
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm
@@ -72,6 +74,7 @@ TABLE = [
     (Attention,                 FastAttention,       None,                   CudaAttention),
     (SelfAttention,             FastSelfAttention,   None,                   CudaSelfAttention),
     (SpatialGating,             FastSpatialGating,   CompiledSpatialGating,  CudaSpatialGating),
+    (Dropout,                   None,                None,                   CudaDropout),
     (Toeplitz1d,                FastToeplitz1d,      None,                   None),
     (Toeplitz2d,                FastToeplitz2d,      None,                   None),
     (dispatch.OPTIMIZER_STEP,   FlatStep.step,       CompiledFlatStep.step,  CudaFlatStep.step),

@@ -14,51 +14,22 @@ import numpy as np
 from ..autograd import Function
 from ..backend import array_module
 
-__all__ = ["Dropout", "dropout"]
+__all__ = ["DEFAULT_RNG", "Dropout", "dropout", "uniform"]
 
-_default_rngs = {}
-
-
-def _default_rng(xp):
-    """The generator used when none is given: one per array module, seeded from the OS."""
-    if xp not in _default_rngs:
-        _default_rngs[xp] = xp.random.default_rng()
-    return _default_rngs[xp]
+DEFAULT_RNG = np.random.default_rng()
+"""The generator used when none is given (seeded from the OS), for tensors on either device."""
 
 
-def _uniform(xp, rng, shape, dtype):
-    """U[0, 1) samples of ``shape`` on ``xp``'s device, drawn from ``rng``."""
+def uniform(xp, rng, shape, dtype):
+    """U[0, 1) samples of ``shape`` for a tensor on ``xp``'s device, drawn from ``rng``.
+
+    A NumPy generator (or None: ``DEFAULT_RNG``) draws on the host, so that a tensor gets the
+    same numbers on either device (on a GPU they are uploaded), and a run resumed from a
+    checkpoint, which restores the generator's state, draws what the uninterrupted run would
+    have. A CuPy generator draws on the GPU."""
     draw_dtype = dtype if dtype in (np.float32, np.float64) else np.float64
-    if rng is None:
-        rng = _default_rng(xp)
-    elif xp is not np and isinstance(rng, np.random.Generator):
-        rng = _device_rng(xp, rng)
-    return rng.random(shape, dtype=draw_dtype)
-
-
-_device_rngs = {}   # id(host generator) -> (host generator, {device id: device generator}), oldest first
-MAX_DEVICE_RNGS = 4
-"""How many host generators keep a device generator (each holds megabytes of cuRAND state:
-about 13 MB on an H100); the least recently used one is dropped beyond that."""
-
-
-def _device_rng(xp, host_rng):
-    """A NumPy generator driving GPU tensors: one device generator per host generator (and
-    device), seeded once from it, so that each forward draws its mask on the device without
-    building a new generator every time. Only the ``MAX_DEVICE_RNGS`` most recently used host
-    generators keep theirs; a dropped one is reseeded from its host generator when used again."""
-    key = id(host_rng)
-    entry = _device_rngs.pop(key, None)
-    if entry is None or entry[0] is not host_rng:  # an id can be reused once a generator is freed
-        entry = (host_rng, {})
-    _device_rngs[key] = entry                       # most recently used last
-    while len(_device_rngs) > MAX_DEVICE_RNGS:
-        del _device_rngs[next(iter(_device_rngs))]
-    per_device = entry[1]
-    device = int(xp.cuda.Device().id)
-    if device not in per_device:
-        per_device[device] = xp.random.default_rng(int(host_rng.integers(2**63)))
-    return per_device[device]
+    u = (DEFAULT_RNG if rng is None else rng).random(shape, dtype=draw_dtype)
+    return u if xp is np or isinstance(u, xp.ndarray) else xp.asarray(u)
 
 
 class Dropout(Function):
@@ -71,7 +42,7 @@ class Dropout(Function):
     @staticmethod
     def forward(ctx, x, p, rng=None):
         xp = array_module(x)
-        mask = (_uniform(xp, rng, x.shape, x.dtype) >= p).astype(x.dtype)
+        mask = (uniform(xp, rng, x.shape, x.dtype) >= p).astype(x.dtype)
         mask *= 1 / (1 - p)
         ctx.save_for_backward(mask)
         return x * mask
@@ -87,6 +58,8 @@ def dropout(x, p, training=True, rng=None):
 
     Identity (``x`` itself) when ``training`` is False or ``p == 0``. ``rng``: a NumPy
     ``Generator`` (or a CuPy one for CUDA tensors); None uses a generator seeded from the OS.
+    On a GPU the fast tier draws the mask on the device from a seed the NumPy generator gives
+    (``tinymlp/fast/dropout.py``).
     """
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
         raise ValueError(f"dropout: p must be a probability in [0, 1), got {p!r}")
