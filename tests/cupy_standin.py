@@ -543,6 +543,13 @@ def emulated_row_kernel(source, name, dtype):
             partial, dweight, dbias, chunks, width = args
             sums = partial._a.reshape(2, int(chunks), int(width)).sum(axis=1)
             dweight._a[...], dbias._a[...] = sums[0], sums[1]
+        elif name == "softmax_forward":
+            x, width, scale = args
+            d = int(width)
+            assert x._a.flags.c_contiguous
+            S = x._a.reshape(n, d) * scale
+            E = np.exp(S - S.max(axis=1, keepdims=True))
+            x._a.reshape(n, d)[...] = E / E.sum(axis=1, keepdims=True)
         elif name == "softmax_backward":
             p, g, dx, width = args
             d = int(width)

@@ -604,3 +604,15 @@ def test_the_dropout_kernel_applies_the_hash_mask_each_way(cp, dtype):
     assert 0.6 < keep.mean() < 0.8
     g = host(dropout_cuda.dropout_apply(gpu(np.ones(host_x.shape), dtype), 2024, 0.3))
     np.testing.assert_array_equal(g != 0, keep)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_softmax_forward_kernel_matches_the_formula(cp, dtype, width):
+    from tinymlp.fast.kernels import attention_cuda
+
+    rng = np.random.default_rng(width)
+    x = draw(rng, (4, 3, width), dtype, scale=5.0)
+    p = np.exp(0.25 * x.astype(np.float64) - (0.25 * x.astype(np.float64)).max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    assert_close(attention_cuda.softmax_forward(gpu(x), 0.25), p, dtype, "softmax forward")

@@ -4,9 +4,10 @@ Attention also skips the "any fully masked row?" bookkeeping on the CPU when the
 (reading that answer back would stall a GPU, so there the row mask is always applied).
 
 The fast classes (``FastSoftmax``, ``FastAttention``, ``FastSelfAttention``) are array code for
-NumPy and CuPy alike; their CUDA subclasses differ in one step only, the softmax backward along
-the rows, dL/dS = P * (G - rowsum(G * P)) (``softmax_rows_backward``), which they run as one
-kernel per row (``kernels/attention_cuda.py``).
+NumPy and CuPy alike; their CUDA subclasses differ in the softmax along the rows: the forward
+P = softmax(S / sqrt(d)) (``softmax_rows``, without a mask) and the backward
+dL/dS = P * (G - rowsum(G * P)) (``softmax_rows_backward``), each one kernel per row
+(``kernels/attention_cuda.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ class FastSoftmax(Softmax):
 
 
 class CudaSoftmax(FastSoftmax):
-    """``Softmax`` on CUDA: its backward along the last axis one kernel per row."""
+    """``Softmax`` on CUDA: along the last axis one kernel per row each way."""
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        if axis not in (-1, x.ndim - 1) or not cuda.applies(x):
+            return FastSoftmax.forward(ctx, x, axis)
+        p = attention_cuda.softmax_forward(array_module(x).array(x, order="C", copy=True))
+        ctx.save_for_backward(p)
+        ctx.axis = axis
+        return p
 
     @staticmethod
     def backward(ctx, grad):
@@ -68,12 +78,27 @@ class FastAttention(Attention):
         return ds
 
     @staticmethod
-    def forward(ctx, q, k, v, mask=None, causal=False):
+    def softmax_rows(s, scale):
+        """P = softmax(scale * S) along the rows, into ``s`` (no mask)."""
+        xp = array_module(s)
+        s *= scale
+        s -= s.max(axis=-1, keepdims=True)
+        p = xp.exp(s, out=s)
+        p /= p.sum(axis=-1, keepdims=True)
+        return p
+
+    @classmethod
+    def forward(cls, ctx, q, k, v, mask=None, causal=False):
         xp = array_module(q)
         check_shapes(q, k, v, mask)
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
         scale = 1.0 / math.sqrt(d)
         s = q @ k.swapaxes(-1, -2)
+        if mask is None and not causal:
+            p = cls.softmax_rows(s, scale)
+            ctx.save_for_backward(q, k, v, p)
+            ctx.empty_rows = None
+            return p @ v
         s *= scale
         allowed = mask
         if causal:
@@ -122,7 +147,13 @@ def _attention_backward(ctx, grad, need_q, need_k, need_v, softmax_rows_backward
 
 
 class CudaAttention(FastAttention):
-    """``Attention`` on CUDA: the softmax backward one kernel per row."""
+    """``Attention`` on CUDA: the softmax (with its scale) and its backward one kernel per row."""
+
+    @staticmethod
+    def softmax_rows(s, scale):
+        if s.flags.c_contiguous and cuda.applies(s):
+            return attention_cuda.softmax_forward(s, scale)
+        return FastAttention.softmax_rows(s, scale)
 
     @staticmethod
     def softmax_rows_backward(p, ds):

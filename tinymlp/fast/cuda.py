@@ -17,8 +17,8 @@ The kernels themselves, with their Python launchers, are in ``fast/kernels/<topi
 - ``kernel(source, name, dtype)`` and ``elementwise(...)``: every raw kernel and every
   elementwise kernel of the fast tier is compiled through these two functions, once per dtype,
   and cached (CuPy also keeps the binaries in ``~/.cupy/kernel_cache``);
-- ``COMMON_SOURCE``: the device functions the row kernels share (``block_sum``, ``block_max``,
-  ``sqrt_t`` and friends for either T), and helpers for
+- the device functions every kernel source starts with are in ``kernels/prelude_cuda.py``;
+  helpers for
   reading an array as rows (``rows``, ``dense_order``, ``block``).
 
 The row kernels (one thread block per row) use a block of 32..256 threads, a multiple of the
@@ -37,9 +37,10 @@ import warnings
 import numpy as np
 
 from ..backend import add_cuda_check, array_module
+from .kernels.prelude_cuda import PRELUDE
 from .layout import memory_order
 
-__all__ = ["COMMON_SOURCE", "applies", "block", "check", "contiguous_rows", "cupy", "dense_order", "elementwise",
+__all__ = ["applies", "block", "check", "contiguous_rows", "cupy", "dense_order", "elementwise",
            "kernel", "kernel_failure", "kernels_work", "launch", "rows", "self_test", "source", "supported"]
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -154,71 +155,12 @@ def kernel_failure(dtype):
 
 
 # --------------------------------------------------------------------------- compiling
-# The device functions every row kernel source starts with (``source`` puts the typedef of T
-# in front of them).
-COMMON_SOURCE = r"""
-// sqrt for either T, without relying on C++ overloads of the math functions.
-__device__ __forceinline__ float sqrt_t(float v) { return sqrtf(v); }
-__device__ __forceinline__ double sqrt_t(double v) { return sqrt(v); }
-
-__device__ __forceinline__ float abs_t(float v) { return fabsf(v); }
-__device__ __forceinline__ double abs_t(double v) { return fabs(v); }
-__device__ __forceinline__ float hypot_t(float a, float b) { return hypotf(a, b); }
-__device__ __forceinline__ double hypot_t(double a, double b) { return hypot(a, b); }
-
-// The sum of v over the thread block, returned to every thread. blockDim.x must be a multiple
-// of 32 (every lane of every warp takes part in the shuffles) and at most 1024.
-// shared[0..31] holds one partial sum per warp, shared[32] the total. Two barriers make the
-// function safe to call again at once: a later call writes shared[] only after all threads
-// have passed its first barrier, hence after they have read shared[32] here.
-__device__ __forceinline__ T block_sum(T v, T* shared) {
-    const unsigned int full = 0xffffffffu;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(full, v, offset);
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = (lane < (int)(blockDim.x >> 5)) ? shared[lane] : T(0);
-        for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(full, v, offset);
-        if (lane == 0) shared[32] = v;
-    }
-    __syncthreads();
-    return shared[32];
-}
-
-// The largest v over the thread block (every v >= 0: idle lanes count as 0), returned to every
-// thread, as block_sum does with the sum.
-__device__ __forceinline__ T block_max(T v, T* shared) {
-    const unsigned int full = 0xffffffffu;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const T o = __shfl_down_sync(full, v, offset);
-        v = o > v ? o : v;
-    }
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = (lane < (int)(blockDim.x >> 5)) ? shared[lane] : T(0);
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const T o = __shfl_down_sync(full, v, offset);
-            v = o > v ? o : v;
-        }
-        if (lane == 0) shared[32] = v;
-    }
-    __syncthreads();
-    return shared[32];
-}
-
-"""
-
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
 def source(topic_source, dtype):
     """The CUDA source of a topic's raw kernels for ``dtype`` (T is its C type)."""
-    return f"typedef {_CTYPES[np.dtype(dtype)]} T;\n" + COMMON_SOURCE + topic_source
+    return f"typedef {_CTYPES[np.dtype(dtype)]} T;\n" + PRELUDE + topic_source
 
 
 @functools.cache

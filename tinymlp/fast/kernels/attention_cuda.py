@@ -1,7 +1,10 @@
-"""Softmax backward on CUDA: one thread block per row, the row's dot product and the update in
-one launch (the fast ``Softmax`` and ``Attention`` call it for dL/dS from dL/dP).
+"""Softmax on CUDA, one thread block per row: the forward (the row's maximum, the exponentials,
+their sum and the division in one launch, with the attention's 1/sqrt(d) scale applied on the
+way), and the backward (the row's dot product and the update in one launch). The fast
+``Softmax`` and ``Attention`` call them.
 
-The formula, dL/dx = p * (g - rowsum(g * p)), is derived in ``tinymlp/ops/attention.py``.
+The formulas, p = exp(s - max s) / sum exp(s - max s) and dL/ds = p * (g - rowsum(g * p)), are
+derived in ``tinymlp/ops/attention.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +13,32 @@ import numpy as np
 
 from .. import cuda
 
-__all__ = ["SOURCE", "softmax_backward"]
+__all__ = ["SOURCE", "softmax_backward", "softmax_forward"]
 
-SOURCE = r"""// Softmax backward of one row per block, all contiguous (rows, width):
+SOURCE = r"""// Softmax forward of one row per block, in place: s <- softmax(scale * s) along the row
+// (contiguous (rows, width)): m = max_j scale s_j, e_j = exp(scale s_j - m), p_j = e_j / sum e.
+// Each thread writes only the elements it read.
+extern "C" __global__ void softmax_forward(T* s, const int width, const T scale) {
+    __shared__ T shared[33];
+    const long long row = blockIdx.x;
+    T* sr = s + row * width;
+    T m = lowest_t(T(0));
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        const T v = sr[j] * scale;
+        m = v > m ? v : m;
+    }
+    m = block_max(m, shared, lowest_t(T(0)));
+    T z = 0;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        const T e = exp_t(sr[j] * scale - m);
+        sr[j] = e;
+        z += e;
+    }
+    z = block_sum(z, shared);
+    for (int j = threadIdx.x; j < width; j += blockDim.x) sr[j] = sr[j] / z;
+}
+
+// Softmax backward of one row per block, all contiguous (rows, width):
 //   dx = p * (g - sum_j g_j p_j).   dx may alias g (same-index read before write).
 extern "C" __global__ void softmax_backward(
         const T* p, const T* g, T* dx, const int width) {
@@ -27,6 +53,18 @@ extern "C" __global__ void softmax_backward(
     for (int j = threadIdx.x; j < width; j += blockDim.x) dr[j] = pr[j] * (gr[j] - dot);
 }
 """
+
+
+def softmax_forward(s, scale=1.0):
+    """``softmax(scale * s)`` along the last axis, written into ``s`` (C-contiguous rows), returned."""
+    cuda.check("softmax_forward", s)
+    if not s.flags.c_contiguous:
+        raise ValueError("softmax_forward: s must be C-contiguous (it is overwritten in place)")
+    d = s.shape[-1]
+    n = s.size // d if d else 0
+    if n and d:
+        cuda.kernel(SOURCE, "softmax_forward", s.dtype)((n,), (cuda.block(d),), (s, np.int32(d), s.dtype.type(scale)))
+    return s
 
 
 def softmax_backward(p, g, out=None):
@@ -54,9 +92,11 @@ def softmax_backward(p, g, out=None):
 @cuda.self_test
 def _self_test(dtype):
     rng = np.random.default_rng(0)
-    p = rng.random((3, 37))
+    x = rng.standard_normal((3, 37)) * 4
+    p = np.exp(0.5 * x - (0.5 * x).max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     g = rng.standard_normal((3, 37))
     cp = cuda.cupy()
+    forward = softmax_forward(cp.asarray(x, dtype=dtype), 0.5)
     got = softmax_backward(cp.asarray(p, dtype=dtype), cp.asarray(g, dtype=dtype))
-    return [("the softmax backward", got, p * (g - (g * p).sum(axis=1, keepdims=True)))]
+    return [("the softmax", forward, p), ("the softmax backward", got, p * (g - (g * p).sum(axis=1, keepdims=True)))]

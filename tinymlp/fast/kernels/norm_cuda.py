@@ -53,7 +53,7 @@ extern "C" __global__ void layer_norm_forward(
             const T c = abs_t(xr[j] - mean);
             m = c > m ? c : m;
         }
-        const T scale = block_max(m, shared);
+        const T scale = block_max(m, shared, T(0));
         T q = 0;
         for (int j = threadIdx.x; j < width; j += blockDim.x) {
             const T c = (xr[j] - mean) / scale;
