@@ -543,6 +543,22 @@ def emulated_row_kernel(source, name, dtype):
             partial, dweight, dbias, chunks, width = args
             sums = partial._a.reshape(2, int(chunks), int(width)).sum(axis=1)
             dweight._a[...], dbias._a[...] = sums[0], sums[1]
+        elif name == "cross_entropy_forward":
+            x, y, p, rows, width, alpha, inv_batch = args
+            K, X, Y = int(width), x._a.reshape(n, int(width)), y._a
+            assert x._a.flags.c_contiguous and y._a.dtype == np.int64
+            s = X - X.max(axis=1, keepdims=True)
+            z = np.exp(s).sum(axis=1)
+            lse = np.log(z)
+            p._a.reshape(n, K)[...] = np.exp(s) / z[:, None]
+            term = (1 - alpha) * (s[np.arange(n), Y] - lse) + (alpha / K) * (s.sum(axis=1) - K * lse)
+            rows._a[...] = -term * inv_batch
+        elif name == "cross_entropy_backward":
+            p, y, g, dx, width, alpha, inv_batch = args
+            K = int(width)
+            d = p._a.reshape(n, K) - alpha / K
+            d[np.arange(n), y._a] -= 1 - alpha
+            dx._a.reshape(n, K)[...] = d * (g._a.reshape(-1)[0] * inv_batch)
         elif name == "softmax_forward":
             x, width, scale = args
             d = int(width)

@@ -616,3 +616,23 @@ def test_the_softmax_forward_kernel_matches_the_formula(cp, dtype, width):
     p = np.exp(0.25 * x.astype(np.float64) - (0.25 * x.astype(np.float64)).max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     assert_close(attention_cuda.softmax_forward(gpu(x), 0.25), p, dtype, "softmax forward")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("alpha", [0.0, 0.1])
+def test_the_cross_entropy_kernels_match_the_reference(cp, dtype, alpha):
+    """The fused forward (softmax, rows, their sum) and backward against the reference op."""
+    from tinymlp.fast.kernels import loss_cuda
+    from tinymlp.ops.loss import CrossEntropy
+
+    rng = np.random.default_rng(3)
+    x = draw(rng, (7, 257), dtype, scale=4.0)
+    y = rng.integers(0, 257, 7)
+    with tinymlp.fast.disabled():
+        xt = tensor(x, dtype=dtype, requires_grad=True)
+        ref = CrossEntropy.apply(xt, y, label_smoothing=alpha)
+        ref.backward(np.array(3.0, dtype=dtype))
+    p, rows = loss_cuda.cross_entropy_forward(gpu(x), gpu(y), alpha)
+    assert_close(rows.sum(), ref.data, dtype, "cross-entropy")
+    dx = loss_cuda.cross_entropy_backward(p, gpu(y), gpu(np.array(3.0), dtype), alpha)
+    assert_close(dx, xt.grad, dtype, "cross-entropy backward")

@@ -14,7 +14,9 @@ import pytest
 import tinymlp
 from tinymlp import backend
 from tinymlp.fast import cuda
-from tinymlp.fast.kernels import activation_cuda, attention_cuda, gating_cuda, norm_cuda, optim_cuda
+from tinymlp.fast.kernels import (
+    activation_cuda, attention_cuda, dropout_cuda, gating_cuda, loss_cuda, norm_cuda, optim_cuda,
+)
 
 import cupy_standin
 from cupy_standin import (
@@ -400,7 +402,7 @@ def _launched_names(module):
     return set(raw), set(re.findall(r'"(tinymlp_\w+)"\)', code))
 
 
-KERNEL_MODULES = (activation_cuda, attention_cuda, gating_cuda, norm_cuda, optim_cuda)
+KERNEL_MODULES = (activation_cuda, attention_cuda, dropout_cuda, gating_cuda, loss_cuda, norm_cuda, optim_cuda)
 
 
 def test_every_raw_kernel_launched_is_defined_in_its_topics_source_for_both_dtypes():
@@ -465,6 +467,7 @@ def test_training_steps_with_the_kernels_launch_every_kernel_and_follow_the_cpu(
     np.testing.assert_allclose(x.grad.get(), p * (g_host - (g_host * p).sum(-1, keepdims=True)), rtol=1e-5, atol=1e-6)
     with tinymlp.no_grad():                                        # y alone, no derivative
         np.testing.assert_allclose(F.gelu(x).data.get(), F.gelu(tinymlp.tensor(x_host, dtype=dtype)).data, rtol=1e-5)
+    F.dropout(x, 0.5, rng=np.random.default_rng(0)).sum().backward()   # (the models above drop nothing)
     missing = EVERY_KERNEL - LAUNCHED - launched
     assert not missing, f"kernels no step launched (their launch paths ran nowhere): {sorted(missing)}"
 

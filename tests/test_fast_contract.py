@@ -29,6 +29,7 @@ from tinymlp.ops.attention import Attention, SelfAttention, Softmax
 from tinymlp.ops.dropout import Dropout
 from tinymlp.ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from tinymlp.ops.linear import Linear
+from tinymlp.ops.loss import CrossEntropy
 from tinymlp.ops.norm import LayerNorm
 from tinymlp.ops.shape import GetItem, Patchify
 from tinymlp.optim import SGD, Adam, AdamW
@@ -242,7 +243,8 @@ def test_every_registered_implementation_is_covered_here():
               Patchify, GetItem,
               dispatch.OPTIMIZER_STEP,    # test_flat_optimizer_equals_the_readable_one_...
               dispatch.CLIP_GRAD_NORM,    # CUDA only: test_cuda.py, test_cuda_without_gpu.py
-              Dropout}                    # CUDA only, its own masks by design: the same two files
+              Dropout,                    # CUDA only, its own masks by design: the same two files
+              CrossEntropy}               # CUDA only: the same two files
     registered = {ref for (ref, _device) in fast.implementations()}
     assert registered <= tested, f"fast implementations without a contract test: {registered - tested}"
 

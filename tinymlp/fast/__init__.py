@@ -48,6 +48,7 @@ from ..ops.attention import Attention, SelfAttention, Softmax
 from ..ops.dropout import Dropout
 from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from ..ops.linear import Linear
+from ..ops.loss import CrossEntropy
 from ..ops.norm import LayerNorm
 from ..ops.shape import GetItem, Patchify
 from . import compiled, memory  # noqa: F401  (memory: malloc keeps freed memory, set at import)
@@ -56,6 +57,7 @@ from .attention import CudaAttention, CudaSelfAttention, CudaSoftmax, FastAttent
 from .dropout import CudaDropout
 from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating, FastToeplitz1d, FastToeplitz2d
 from .linear import FastLinear
+from .loss import CudaCrossEntropy
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm
 from .optim import CompiledFlatStep, CudaFlatStep, FlatStep, clip_grad_norm
 from .shape import FastGetItem, FastPatchify
@@ -75,6 +77,7 @@ TABLE = [
     (SelfAttention,             FastSelfAttention,   None,                   CudaSelfAttention),
     (SpatialGating,             FastSpatialGating,   CompiledSpatialGating,  CudaSpatialGating),
     (Dropout,                   None,                None,                   CudaDropout),
+    (CrossEntropy,              None,                None,                   CudaCrossEntropy),
     (Toeplitz1d,                FastToeplitz1d,      None,                   None),
     (Toeplitz2d,                FastToeplitz2d,      None,                   None),
     (dispatch.OPTIMIZER_STEP,   FlatStep.step,       CompiledFlatStep.step,  CudaFlatStep.step),

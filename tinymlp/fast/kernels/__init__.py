@@ -6,7 +6,8 @@
   with its launchers (``fast/cuda.py`` compiles and launches them).
 
 Topics: activation (GELU), norm (LayerNorm), attention (the softmax backward), gating (the
-SGU's split gate), dropout (the mask drawn in the kernel, on CUDA), optim (Adam's update;
+SGU's split gate), dropout (the mask drawn in the kernel, on CUDA), loss (softmax
+cross-entropy with class ids, on CUDA), optim (Adam's update;
 clipping on CUDA). Each launcher computes what the
 reference op's formula says (tinymlp/ops/<topic>.py, where it is derived); the fast ops'
 contract tests (tests/test_fast_contract.py) and the GPU suite (tests/test_cuda.py) check them.
