@@ -5,8 +5,9 @@
 #
 # Logs go to $OUT: doctor.log, pytest.log (the cuda tests), sync.log (no host sync inside a
 # step, CPU/GPU parity), examples.log (the training scripts on synthetic data), step.log
-# (benchmarks/gpu_step.py at batch 128 and 512). The cuda tests run in the background beside
-# the sync check and the examples; the benchmark runs alone once they are done.
+# (benchmarks/gpu_step.py at batch 128 and 512), profile.log (benchmarks/gpu_profile.py: the
+# kernels a step runs, counted by CUPTI, beside PyTorch eager's). The cuda tests run in the
+# background beside the sync check and the examples; the benchmarks run alone once they are done.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tinymlp-gpu}
@@ -50,4 +51,5 @@ wait "$tests"
 
 step 70 "$OUT/step.log" "$PY" benchmarks/gpu_step.py --batch-size 128 --steps 20 --warmup 3
 step 70 "$OUT/step.log" "$PY" benchmarks/gpu_step.py --batch-size 512 --steps 20 --warmup 3
+step 90 "$OUT/profile.log" "$PY" benchmarks/gpu_profile.py --models mixer_cifar,gmlp_cifar,amlp_cifar --top 12
 echo "checklist done in $(( $(date +%s) - start )) s"
