@@ -34,6 +34,7 @@ import contextlib
 import math
 import sys
 import types
+import weakref
 from collections import Counter
 
 import numpy as np
@@ -54,6 +55,8 @@ class HostReads:
     def record(self, what):
         import traceback
 
+        if self is READS and not _SYNC_ALLOWED[-1]:
+            raise DeviceSynchronized(f"synchronization detected: {what} inside cupyx.allow_synchronize(False)")
         self.count += 1
         frame = [f for f in traceback.extract_stack() if "/tinymlp/" in f.filename.replace("\\", "/")]
         self.where.append(f"{what} at {frame[-1].filename}:{frame[-1].lineno}" if frame else what)
@@ -127,6 +130,9 @@ def _count_result(name, result, sources):
     OPS.record(name)
 
 
+NOT_IN_CUPY = {"vecdot"}
+"""NumPy functions CuPy 14 does not have: code that looks for them takes its other way there."""
+
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")
 
@@ -151,8 +157,14 @@ def _unwrap(value, where, allow_host=False):
     return value
 
 
+_wrappers = weakref.WeakValueDictionary()   # id(NumPy array) -> its DeviceArray, while one lives
+
+
 def _wrap(value):
     if isinstance(value, np.ndarray):
+        known = _wrappers.get(id(value))         # one wrapper per array: ``x.base is y`` holds as on CuPy
+        if known is not None and known._a is value:
+            return known
         return DeviceArray(value)
     if isinstance(value, np.generic):                 # CuPy gives 0-d arrays, never host scalars
         return DeviceArray(np.asarray(value))
@@ -189,11 +201,12 @@ class _Device:
 class DeviceArray(NDArrayOperatorsMixin):
     """A "GPU" array: NumPy storage behind CuPy's rules (see the module docstring)."""
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "__weakref__")
     __array_priority__ = 100
 
     def __init__(self, a):
         self._a = a
+        _wrappers[id(a)] = self
 
     # -- no implicit conversion; explicit host reads are counted
     def __array__(self, *args, **kwargs):
@@ -218,10 +231,6 @@ class DeviceArray(NDArrayOperatorsMixin):
     def __int__(self):
         READS.record("int()")
         return int(self._a)
-
-    def __index__(self):
-        READS.record("index()")
-        return self._a.__index__()
 
     def __bool__(self):
         READS.record("bool()")
@@ -368,6 +377,24 @@ class _Generator:
         return draw
 
 
+_SYNC_ALLOWED = [True]
+
+
+@contextlib.contextmanager
+def _allow_synchronize(allow):
+    """``cupyx.allow_synchronize``: inside ``allow_synchronize(False)`` a host read raises, as
+    CuPy's DeviceSynchronized does."""
+    _SYNC_ALLOWED.append(bool(allow))
+    try:
+        yield
+    finally:
+        _SYNC_ALLOWED.pop()
+
+
+class DeviceSynchronized(RuntimeError):
+    """What ``cupyx.allow_synchronize(False)`` raises at a host read."""
+
+
 def _sliding_window_view(x, window_shape, axis=None, **kwargs):
     window = np.atleast_1d(window_shape)
     if bool(standin.any(standin.array(window) < 0)):    # as CuPy does: a device check read back
@@ -400,8 +427,8 @@ def _make_module():
     sizes_on_host = {"nonzero", "flatnonzero", "argwhere"}        # CuPy reads the count back
 
     def module_getattr(name):
-        if name.startswith("__"):
-            raise AttributeError(name)
+        if name.startswith("__") or name in NOT_IN_CUPY:
+            raise AttributeError(f"module 'cupy' has no attribute '{name}'")
         attr = getattr(np, name)
         if isinstance(attr, type) or not callable(attr):
             return attr                                    # dtypes (cupy.float32 is numpy.float32), constants
@@ -440,7 +467,7 @@ def _make_module():
     special.erf = lambda x: DeviceArray(np.vectorize(math.erf, otypes=[x.dtype])(x._a))
     special.erfc = lambda x: DeviceArray(np.vectorize(math.erfc, otypes=[x.dtype])(x._a))
     cupyx.scipy = types.SimpleNamespace(special=special)
-    cupyx.allow_synchronize = lambda allow: contextlib.nullcontext()
+    cupyx.allow_synchronize = _allow_synchronize
     return m, cupyx, special
 
 

@@ -54,6 +54,31 @@ def test_the_standin_enforces_cupys_rules(gpu):
     total = a.sum()
     assert isinstance(total, gpu.ndarray) and READS.count == before
     assert float(total) == 6.0 and READS.count == before + 1
+    with pytest.raises(TypeError):
+        range(total)                                    # no __index__ on CuPy arrays
+    with pytest.raises(AttributeError, match="vecdot"):
+        gpu.vecdot                                      # not in CuPy 14
+    view = a[:, 1:]
+    assert view.base is a.base if a.base is not None else view.base is a   # one object per array
+    from cupy_standin import DeviceSynchronized, standin_x
+    with standin_x.allow_synchronize(False), pytest.raises(DeviceSynchronized):
+        float(total)
+
+
+@pytest.mark.parametrize("name", ["mixer_cifar", "amlp_cifar"])
+def test_a_training_step_runs_inside_allow_synchronize_false(emulated, name):
+    """The GPU checklist's sync check, in CI: after a first step, a whole step (forward, loss,
+    backward, clipping, AdamW, the schedule) with the kernels, inside allow_synchronize(False)."""
+    from cupy_standin import standin_x
+    model = tinymlp.models.create(name, seed=0, **SMALL[name]).to("cuda")
+    optimizer = tinymlp.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    scheduler = tinymlp.optim.WarmupCosine(optimizer, warmup_steps=2, total_steps=10)
+    rng = np.random.default_rng(0)
+    x = tinymlp.tensor(rng.random((2, 3, 32, 32)).astype(np.float32), device="cuda")
+    y = tinymlp.tensor(rng.integers(0, 10, size=2), device="cuda")
+    one_step(model, x, y, optimizer, scheduler)
+    with standin_x.allow_synchronize(False):
+        one_step(model, x, y, optimizer, scheduler)
 
 
 # ============================================================================ the fixes
