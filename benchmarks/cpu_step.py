@@ -547,7 +547,8 @@ def print_table(results, runs, batch):
         line = f"{res['name']:12s} {res['params'] / 1e6:6.2f}M " + " ".join(f"{_f(ms.get(r), '12.1f')}" for r in runs)
         if "torch" in runs:
             t = ms.get("torch")
-            line += " " + " ".join(f"{_f(ms[r] / t if t and r in ms else None, '14.2f')}" for r in tiers if r != "torch")
+            line += " " + " ".join(f"{_f(ms[r] / t if t and r in ms else None, '14.2f')}"
+                                   for r in tiers if r != "torch")
         if "matmul" in runs and "fast" in runs:
             line += f" {_f(ms['matmul'] / ms['fast'] if 'matmul' in ms else None, '12.2f')}"
         print(line)

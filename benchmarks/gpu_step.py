@@ -158,15 +158,16 @@ def print_header(cp, torch, args):
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     runtime = cp.cuda.runtime.runtimeGetVersion()
     print(f"device   {name} ({props['totalGlobalMem'] / 2**30:.0f} GiB, compute {props['major']}.{props['minor']})")
-    print(f"tinymlp  {tinymlp.__version__}, CuPy {cp.__version__}, CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}"
-          f", CUPY_TF32={os.environ.get('CUPY_TF32', 'unset')}")
+    print(f"tinymlp  {tinymlp.__version__}, CuPy {cp.__version__}, "
+          f"CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}, CUPY_TF32={os.environ.get('CUPY_TF32', 'unset')}")
     if torch is not None:
         print(f"PyTorch  {torch.__version__} (CUDA {torch.version.cuda}), eager, "
               f"matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}")
     else:
         print("PyTorch  not available: tinymlp only")
     print(f"step     forward + backward + AdamW, float32, batch {args.batch_size}; median of "
-          f"{math.ceil(args.steps / args.per_round)} rounds of {args.per_round} steps after {args.warmup} warm-up steps")
+          f"{math.ceil(args.steps / args.per_round)} rounds of {args.per_round} steps "
+          f"after {args.warmup} warm-up steps")
     print()
 
 
@@ -181,7 +182,8 @@ def print_table(results, batch):
         t, p = r["tinymlp_ms"], r["torch_ms"]
         print(f"{r['name']:12s} {r['params'] / 1e6:6.2f}M {t:10.2f} {p if p is not None else float('nan'):9.2f} "
               f"{t / p if p else float('nan'):6.2f} {batch / t * 1e3:13,.0f} "
-              f"{batch / p * 1e3 if p else float('nan'):11,.0f} {_mib(r['tinymlp_peak']):>12s} {_mib(r['torch_peak']):>10s} "
+              f"{batch / p * 1e3 if p else float('nan'):11,.0f} "
+              f"{_mib(r['tinymlp_peak']):>12s} {_mib(r['torch_peak']):>10s} "
               f"{steps * t / 1e3:14.1f}s {steps * p / 1e3 if p else float('nan'):12.1f}s")
     print()
     for r in results:

@@ -73,7 +73,8 @@ class StepProfile:
                     saved.append((cls, method, original))
                     timed = self._timed(f"{name} {what}", original.__func__)
                     # the same kind of method: a fast class's classmethod finds its kernels through cls
-                    setattr(cls, method, classmethod(timed) if isinstance(original, classmethod) else staticmethod(timed))
+                    setattr(cls, method,
+                            classmethod(timed) if isinstance(original, classmethod) else staticmethod(timed))
         for owner, method, label in ((autograd, "backward", "backward: engine"),
                                      (Optimizer, "step", "optimizer step"),
                                      (Optimizer, "zero_grad", "zero_grad")):
@@ -116,7 +117,8 @@ class StepProfile:
             lines.append(f"    {'(' + str(len(rows) - top) + ' more)':34s} {1e3 * rest:8.1f} {100 * rest / step:6.1f}%")
         lines.append(f"    {'whole step':34s} {1e3 * step:8.1f}")
         if floor_ms is not None:
-            lines.append(f"    {'matrix products alone (the floor)':34s} {floor_ms:8.1f} {100 * floor_ms / (1e3 * step):6.1f}%"
+            lines.append(f"    {'matrix products alone (the floor)':34s} {floor_ms:8.1f} "
+                         f"{100 * floor_ms / (1e3 * step):6.1f}%"
                          f"   -> everything else {1e3 * step - floor_ms:.1f} ms, "
                          f"{100 * (1 - floor_ms / (1e3 * step)):.0f}% of the step")
         return lines

@@ -1,4 +1,4 @@
-"""gMLP, aMLP and a lone tiny attention head on the generated pair task (lesson 12, section 5):
+r"""gMLP, aMLP and a lone tiny attention head on the generated pair task (lesson 12, section 5):
 test accuracy, not time.
 
 ``PairLookupTask``: sentence A lists ``--words`` distinct words out of ``--vocab``, sentence B is one
@@ -22,7 +22,8 @@ first epoch above 0.9. The lesson's race:
 
 the stages of aMLP put behind the lone head (lesson 12's counts):
 
-    python benchmarks/text_pair_race.py --epochs 30 --seeds 0 1 2 3 4 --runs head head-gate head-ln head-gate-v-res head-gate-ln
+    python benchmarks/text_pair_race.py --epochs 30 --seeds 0 1 2 3 4 \
+        --runs head head-gate head-ln head-gate-v-res head-gate-ln
 
 and the depth at which the SGU catches up:
 

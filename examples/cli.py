@@ -200,7 +200,8 @@ def check_args(args):
         value = getattr(args, name, None)
         if value is None:
             continue
-        if value < lo or (value == lo and not lo_ok) or (hi is not None and (value > hi or (value == hi and not hi_ok))):
+        if (value < lo or (value == lo and not lo_ok)
+                or (hi is not None and (value > hi or (value == hi and not hi_ok)))):
             if hi is None:
                 expected = f"at least {lo}" if lo_ok else f"greater than {lo}"
             else:

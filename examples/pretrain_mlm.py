@@ -89,8 +89,8 @@ def prepare(args, out, meta, preset, overrides):
     if not 0 < args.mask_prob < 1:
         raise UsageError(f"--mask-prob {args.mask_prob:g}: expected a value in (0, 1)")
     if args.val_fraction:
-        raise UsageError(f"--val-fraction {args.val_fraction:g}: a masked-LM run holds --test-fraction of its lines out "
-                         "(the held-out perplexity, and best.npz); it has no other validation set")
+        raise UsageError(f"--val-fraction {args.val_fraction:g}: a masked-LM run holds --test-fraction of its lines "
+                         "out (the held-out perplexity, and best.npz); it has no other validation set")
     lines = read_lines(args)
     if len(lines) < 2:
         raise UsageError(f"--{args.dataset}: {len(lines)} non-empty line(s); masked-LM training needs at least 2")
@@ -112,7 +112,8 @@ def prepare(args, out, meta, preset, overrides):
     def report(hist):
         r = hist.last()
         return (f"epoch {r['epoch']}/{args.epochs}: train loss {r['train_loss']:.4f} (perplexity "
-                f"{math.exp(min(r['train_loss'], 50)):.2f}) | held-out perplexity {math.exp(min(r['val_loss'], 50)):.2f}, "
+                f"{math.exp(min(r['train_loss'], 50)):.2f}) | "
+                f"held-out perplexity {math.exp(min(r['val_loss'], 50)):.2f}, "
                 f"hidden tokens right {100 * r['val_acc']:.1f}% | lr {r['lr']:.2e} | {r['epoch_time']:.1f} s")
 
     splits = {"train": f"{len(train_lines):,} lines",

@@ -382,5 +382,6 @@ def resume_into(resume, meta, model, opt, sched, args, explicit, loader, total, 
         kind = "cosine" if isinstance(sched, optim.WarmupCosine) else "linear"
         print(f"schedule: --epochs {args.epochs} (the run was started with --epochs {meta['args'].get('epochs')}): "
               f"the {kind} decay now reaches its end at step {sched.total_steps} instead of {old_total}; at step "
-              f"{sched.step_count} the learning rate goes from {before:.3g} to {sched.get_lr():.3g} and decays from there")
+              f"{sched.step_count} the learning rate goes from {before:.3g} to {sched.get_lr():.3g} "
+              "and decays from there")
     return history, start

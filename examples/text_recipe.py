@@ -167,7 +167,8 @@ def tokenizer_for(out, corpus, vocab_size, resumed, pretrained=None, meta=None):
                 raise UsageError(f"{where}: its stored tokenizer is damaged ({err})") from None
         path = (Path(out) if resumed else Path(pretrained).parent) / TOKENIZER
         if not path.is_file():
-            raise UsageError(f"{path} is missing: the run's ids cannot be read without the tokenizer it was trained with")
+            raise UsageError(f"{path} is missing: the run's ids cannot be read "
+                             "without the tokenizer it was trained with")
         return Tokenizer.load(path)
     return Tokenizer.train(corpus(), vocab_size=vocab_size)
 

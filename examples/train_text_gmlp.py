@@ -52,7 +52,8 @@ def datasets(args):
     if args.dataset == "csv" or args.train_file or args.test_file:
         return csv_datasets(args)
     if args.dataset == "synthetic":
-        make = {"order": data.OrderTask, "pairs": data.PairMatchTask, "lookup": data.PairLookupTask}[args.synthetic_task]
+        make = {"order": data.OrderTask, "pairs": data.PairMatchTask,
+                "lookup": data.PairLookupTask}[args.synthetic_task]
         n = args.synthetic_size
         return make(n, seed=args.seed, train=True), make(max(10, n // 5), seed=args.seed, train=False)
     if args.download_url:

@@ -497,7 +497,8 @@ def test_layer_norm_kernels_keep_a_token_major_layout(cp, dtype):
     mean, var = host.mean(-1, keepdims=True), host.var(-1, keepdims=True)
     expected = (host - mean) / np.sqrt(var + 1e-5) * to_device(w, "cpu") + to_device(b, "cpu")
     assert_close(y, expected, dtype, "token-major LayerNorm")
-    g = cp.ascontiguousarray(cp.asarray(rng.standard_normal(host.shape).astype(dtype)).transpose(1, 0, 2)).transpose(1, 0, 2)
+    g = cp.ascontiguousarray(
+        cp.asarray(rng.standard_normal(host.shape).astype(dtype)).transpose(1, 0, 2)).transpose(1, 0, 2)
     dx, _, _ = norm_cuda.layer_norm_backward(g, xhat, rstd, w)
     assert dx.transpose(1, 0, 2).flags.c_contiguous
     gw = to_device(g, "cpu") * to_device(w, "cpu")

@@ -377,7 +377,8 @@ def test_loaders_refuse_out_of_range_labels_and_token_ids_on_the_host(gpu, devic
     from tinymlp.data.text_loader import MaskedLMLoader, TokenDataset, TokenLoader
     images = np.zeros((6, 3, 4, 4), dtype=np.uint8)
     data = ImageDataset(images, np.array([0, 1, 2, 1, 3, 0]), ("a", "b", "c"))
-    with pytest.raises(ValueError, match=r"DataLoader: label 3 in dataset row 4 must be in \[0, 3\); the dataset has 3 classes"):
+    with pytest.raises(ValueError,
+                       match=r"DataLoader: label 3 in dataset row 4 must be in \[0, 3\); the dataset has 3 classes"):
         list(DataLoader(data, 2, device=device))
     data = ImageDataset(images, np.array([0, 1, -1, 1, 2, 0]), ("a", "b", "c"))
     with pytest.raises(ValueError, match=r"label -1 in dataset row 2"):
@@ -386,7 +387,8 @@ def test_loaders_refuse_out_of_range_labels_and_token_ids_on_the_host(gpu, devic
     ids[3, 2] = 50
     tokens = TokenDataset(ids, np.array([0, 1, 1, 0]), ("neg", "pos"), vocab_size=50)
     for loader in (TokenLoader(tokens, 2, device=device), MaskedLMLoader(tokens, 2, device=device)):
-        with pytest.raises(ValueError, match=r"token id 50 in dataset row 3 must be in \[0, 50\); the tokenizer has 50 ids"):
+        with pytest.raises(ValueError,
+                           match=r"token id 50 in dataset row 3 must be in \[0, 50\); the tokenizer has 50 ids"):
             list(loader)
     tokens = TokenDataset(np.ones((2, 3)), np.array([0, 2]), ("neg", "pos"))
     with pytest.raises(ValueError, match=r"TokenLoader: label 2 in dataset row 1 must be in \[0, 2\)"):
@@ -399,7 +401,8 @@ def test_the_cuda_layer_norm_reads_and_writes_token_major_rows_in_place(gpu, mon
     rng = np.random.default_rng(0)
     host = rng.standard_normal((3, 5, 8)).astype(np.float32)                        # (B, S, C)
     token_major = lambda a: gpu.asarray(np.ascontiguousarray(a.transpose(1, 0, 2))).transpose(1, 0, 2)  # noqa: E731
-    x, w, b = token_major(host), gpu.asarray(rng.random(8, dtype=np.float32)), gpu.asarray(rng.random(8, dtype=np.float32))
+    x = token_major(host)
+    w, b = gpu.asarray(rng.random(8, dtype=np.float32)), gpu.asarray(rng.random(8, dtype=np.float32))
     y, xhat, rstd = norm_cuda.layer_norm_forward(x, w, b, 1e-5)
     for a in (y, xhat, rstd):
         assert a.transpose(1, 0, *range(2, a.ndim)).flags.c_contiguous, "laid out like x (token-major)"

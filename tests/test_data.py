@@ -309,7 +309,8 @@ def test_an_archive_with_too_many_members_is_refused(tmp_path, monkeypatch):
     monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
     root = tmp_path / "data"
     with pytest.raises(DatasetError, match=r"cifar-10-binary\.tar\.gz was refused: it holds more than 1,000 "
-                                           r"members, which CIFAR-10 does not \(a crafted archive\); nothing was extracted"):
+                                           r"members, which CIFAR-10 does not \(a crafted archive\); "
+                                           r"nothing was extracted"):
         CIFAR10(root=root, progress=False)
     assert tree(root) == []
 
@@ -347,7 +348,8 @@ def test_a_data_path_that_is_a_file_is_named(tmp_path, monkeypatch, no_network):
     root = tmp_path / "root"
     root.mkdir()
     (root / "cifar-10-batches-bin").write_text("oops")
-    with pytest.raises(DatasetError, match=r"cifar-10-batches-bin is a file where the unpacked CIFAR-10 folder belongs"):
+    with pytest.raises(DatasetError,
+                       match=r"cifar-10-batches-bin is a file where the unpacked CIFAR-10 folder belongs"):
         CIFAR10(root=root)
     assert data.read_bytes() == b"not a folder" and tree(root) == ["cifar-10-batches-bin"]
 
@@ -370,7 +372,8 @@ def test_a_read_only_data_folder_is_named_not_blamed_on_the_network(tmp_path, mo
     assert "network" not in str(err.value) and tree(root) == []
     (root / tiny.spec.filename).write_bytes(tiny.archive.read_bytes())     # the archive is there: unpacking
     monkeypatch.setattr(files.tempfile, "mkdtemp", denied)
-    with pytest.raises(DatasetError, match=rf"cannot unpack {root / tiny.spec.filename}: cannot write in the data folder"):
+    with pytest.raises(DatasetError,
+                       match=rf"cannot unpack {root / tiny.spec.filename}: cannot write in the data folder"):
         CIFAR10(root=root, progress=False)
     assert tree(root) == [tiny.spec.filename]
 

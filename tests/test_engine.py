@@ -745,7 +745,8 @@ def test_a_tensor_passed_by_keyword_is_refused():
             return g * w
 
     x, w = leaf([1.0, 2.0]), leaf([3.0, 4.0])
-    with pytest.raises(TypeError, match=r"Scale.apply: the tensor 'w' was passed by keyword; pass tensors positionally"):
+    with pytest.raises(TypeError,
+                       match=r"Scale.apply: the tensor 'w' was passed by keyword; pass tensors positionally"):
         Scale.apply(x, w=w)
 
 

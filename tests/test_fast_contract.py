@@ -67,7 +67,8 @@ def run_both(fn, arrays, grad_seed=0, device="cpu", expect=None):
         g = np.random.default_rng(grad_seed).standard_normal(out.shape)
         out.backward(to_device(g, device) if device != "cpu" else g)
         results.append((to_device(out.data, "cpu"),
-                        [None if t is None else (None if t.grad is None else to_device(t.grad, "cpu")) for t in leaves]))
+                        [None if t is None else (None if t.grad is None else to_device(t.grad, "cpu"))
+                         for t in leaves]))
     return results
 
 

@@ -139,7 +139,8 @@ def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_cla
     assert bob["status"] == "FAILED" and bob["score"] == 0.0
     assert bob["reason"].startswith("a term like g.mean(axis=")            # the report's first likely line
     assert re.search(r"^\s*likely\s*: a term like g\.mean", bob["details"], flags=re.M)
-    assert bob["reproduce"].startswith('import tinymlp.lessons; tinymlp.gradcheck(*tinymlp.lessons.case("04.1", MyLayerNorm')
+    assert bob["reproduce"].startswith(
+        'import tinymlp.lessons; tinymlp.gradcheck(*tinymlp.lessons.case("04.1", MyLayerNorm')
     assert rows["bob", "04.2"]["status"] == "not done"
 
     carol = rows["carol", "04.1"]
@@ -182,7 +183,8 @@ def test_the_student_is_the_folder_or_a_safe_unique_name_in_the_metadata(tmp_pat
         path = submit(tmp_path, folder, name, nb)
         return path, Notebook(path)
 
-    subs = assign([sub("bob", "04_layernorm.ipynb"), sub("upload-17", "04_layernorm.ipynb", {"student": "Judy Example"}),
+    subs = assign([sub("bob", "04_layernorm.ipynb"),
+                   sub("upload-17", "04_layernorm.ipynb", {"student": "Judy Example"}),
                    sub("upload-18", "homework.ipynb", {"tinymlp": {"student": "Ken", "lesson": "07"}})])
     assert [(s.student, s.lesson) for s in subs] == [("bob", "04"), ("Judy Example", "04"), ("Ken", None)]
     assert not any(s.notes or s.refused for s in subs)
@@ -293,7 +295,8 @@ for i in np.ndindex(x.shape):
     up, down = x.copy(), x.copy()
     up[i] += 1e-6
     down[i] -= 1e-6
-    dx[i] = ((MyLayerNorm.forward(ctx, up, gamma, beta) - MyLayerNorm.forward(ctx, down, gamma, beta)) * grad).sum() / 2e-6
+    dx[i] = ((MyLayerNorm.forward(ctx, up, gamma, beta) - MyLayerNorm.forward(ctx, down, gamma, beta))
+             * grad).sum() / 2e-6
 """), "backward calls forward (MyLayerNorm.forward)"),
     # the same, written out with NumPy so that forward is never called
     "a finite difference inline": ("04.1", ln_with("""
@@ -316,7 +319,8 @@ dx = xt.grad
     "primitives with autograd": ("04.1", ln_with("""
 xt = tinymlp.tensor(x, requires_grad=True, dtype=x.dtype)
 mu = xt.mean(axis=-1, keepdims=True)
-((xt - mu) / (((xt - mu) * (xt - mu)).mean(axis=-1, keepdims=True) + 1e-5).sqrt() * tinymlp.tensor(gamma)).backward(tinymlp.tensor(grad))
+((xt - mu) / (((xt - mu) * (xt - mu)).mean(axis=-1, keepdims=True) + 1e-5).sqrt()
+ * tinymlp.tensor(gamma)).backward(tinymlp.tensor(grad))
 dx = xt.grad
 """), "backward calls a tinymlp op"),
     # tinymlp's numerical gradient
@@ -585,7 +589,9 @@ def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path
 
 
 def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, env):
-    nb = new_notebook(cells=[new_code_cell("def mixer_block_parameters(S, C, D_S, D_C):\n    while True:\n        pass"),
+    nb = new_notebook(cells=[new_code_cell("def mixer_block_parameters(S, C, D_S, D_C):\n"
+                                           "    while True:\n"
+                                           "        pass"),
                              new_code_cell('check("06.1", mixer_block_parameters)')])
     result = grader.grade_exercise(submit(tmp_path, "mallory", "06_loop.ipynb", nb), "m", "06.1", [None], timeout=5)
     assert result["status"] == "FAILED" and "did not finish in 5 s" in result["reason"]

@@ -381,7 +381,8 @@ def to_flax(family, sd, heads=2):
             b, j = f"blocks.{i}.", f"MixerBlock_{i}/"
             out.update(norm(b + "norm1", j + "LayerNorm_0"), **norm(b + "norm2", j + "LayerNorm_1"))
             for ours, theirs in (("mlp_tokens", "token_mixing"), ("mlp_channels", "channel_mixing")):
-                out.update(dense(f"{b}{ours}.fc1", f"{j}{theirs}/Dense_0"), **dense(f"{b}{ours}.fc2", f"{j}{theirs}/Dense_1"))
+                out.update(dense(f"{b}{ours}.fc1", f"{j}{theirs}/Dense_0"),
+                           **dense(f"{b}{ours}.fc2", f"{j}{theirs}/Dense_1"))
         out.update(norm("norm", "pre_head_layer_norm"))
     else:
         out["embedding/kernel"] = sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0)

@@ -324,7 +324,8 @@ def test_the_allowlists_name_real_exceptions():
         assert any(top_name(i) == a and top_name(j) == b for i, j, *_ in imports(ROOT)), \
             f"UPWARD lists {a} -> {b}, which no module does any more: remove it"
     for name, why in SAME_TOPIC.items():
-        assert len(why) > 20 and (ROOT / "tinymlp" / name).exists() and (ROOT / "tinymlp" / "fast" / name).exists(), name
+        assert (len(why) > 20 and (ROOT / "tinymlp" / name).exists()
+                and (ROOT / "tinymlp" / "fast" / name).exists()), name
     for module, why in CIRCLE_THROUGH.items():
         assert len(why) > 20 and module in library_files(ROOT), module
     for rel, why in OVER_CAP.items():

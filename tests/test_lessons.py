@@ -710,7 +710,8 @@ def test_exercises_are_registered_numbered_and_enough(checks, make_lessons):
         for ex_id in dict.fromkeys(ids):
             assert ex_id.startswith(src.name[:2] + "."), f"{src.name}: exercise {ex_id} belongs to another lesson"
             assert ex_id in checks.EXERCISES, f"{src.name}: exercise {ex_id} has no check in tinymlp/lessons/checks/"
-            assert re.search(rf"check\(\s*\"{re.escape(ex_id)}\"", text), f"{src.name}: exercise {ex_id} is never checked"
+            assert re.search(rf"check\(\s*\"{re.escape(ex_id)}\"", text), (
+                f"{src.name}: exercise {ex_id} is never checked")
             assert ex_id not in seen, f"exercise {ex_id} in {src.name} and {seen[ex_id]}"
             seen[ex_id] = src.name
     assert set(seen) == set(checks.EXERCISES), "every registered check belongs to an exercise in a source"

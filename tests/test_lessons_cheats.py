@@ -373,7 +373,8 @@ def attempts():
     return out
 '''
     job = {"exercise": "04.1", "forbidden": [], "label": "mallory/x.ipynb", "answer": "attempts",
-           "cells": {"<mallory/x.ipynb, cell 1>": source}, "statements": [["<mallory/x.ipynb, cell 1>", i] for i in range(3)]}
+           "cells": {"<mallory/x.ipynb, cell 1>": source},
+           "statements": [["<mallory/x.ipynb, cell 1>", i] for i in range(3)]}
     with AnswerProcess(job, timeout=60) as proc:
         out = proc.first["answer"]()
     assert len(out) == 8 and not any(line.endswith(": allowed") for line in out), out
@@ -434,7 +435,8 @@ def _library_source(name):
 def test_copies_are_flagged_for_the_instructor_and_not_failed(tmp_path, env):
     folder = tmp_path / "submissions"
     submit(folder, "alice", "04_layernorm.ipynb", _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": OWN}))
-    submit(folder, "bob", "04_layernorm.ipynb", _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": RENAMED}))
+    submit(folder, "bob", "04_layernorm.ipynb",
+           _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": RENAMED}))
     submit(folder, "carol", "04_layernorm.ipynb", nbformat.read(LESSONS / "04_layernorm.ipynb", as_version=4))
     dave = _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": PASTED})
     dave.cells.insert(1, new_code_cell(_library_source("normalize_backward")))
@@ -484,7 +486,8 @@ def test_a_metadata_attack_leaves_the_other_students_results_intact_and_writes_n
     assert written == ["out/results/bob/results.json", "out/results/eve/results.json",
                        "out/results/mallory/results.json"], (written, run.stderr)
     bob = json.loads((out / "bob" / "results.json").read_text())
-    assert bob["score"] == 1 and [t["number"] for t in bob["tests"]] == ["06.1", "06.2", "06.3"]   # bob's own notebook only
+    # bob's own notebook only
+    assert bob["score"] == 1 and [t["number"] for t in bob["tests"]] == ["06.1", "06.2", "06.3"]
     assert bob["tests"][0]["status"] == "passed"
     assert "mallory/06_mlp_mixer.ipynb claims student 'bob'" in run.stderr and "bob/06_mlp_mixer.ipynb" in run.stderr
     assert "eve/06_mlp_mixer.ipynb: the name in its metadata ('../../escaped') cannot be a student's" in run.stderr
@@ -508,7 +511,8 @@ def test_a_notebook_of_another_lesson_scores_zero_under_this_lessons_name(tmp_pa
     graded = grader.grade_notebook(path, SEED, execute_first=False)
     assert graded.lesson == "04" and [r.exercise for r in graded.rows] == ["04.1", "04.2"]
     assert all(r.status == "FAILED" and r.score == 0 for r in graded.rows)
-    assert "is a notebook of lesson 6 (its check calls are lesson 6's exercises), not of lesson 4" in graded.rows[0].reason
+    assert ("is a notebook of lesson 6 (its check calls are lesson 6's exercises), not of lesson 4"
+            in graded.rows[0].reason)
 
 
 def test_a_roster_names_the_students_and_refuses_other_folders(tmp_path, env):

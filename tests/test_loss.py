@@ -135,7 +135,8 @@ def test_gradcheck_soft_targets(alpha, B, K, seed):
     gradcheck(ce, (x, t), kwargs={"label_smoothing": alpha}, seed=seed % 1000)
 
 
-@pytest.mark.parametrize("target, what", [([[0.5, 0.7], [0.5, 0.5]], "row sums"), ([[1.5, -0.5], [0.5, 0.5]], "min entry")])
+@pytest.mark.parametrize("target, what", [([[0.5, 0.7], [0.5, 0.5]], "row sums"),
+                                          ([[1.5, -0.5], [0.5, 0.5]], "min entry")])
 def test_soft_targets_that_are_not_distributions_are_refused(target, what):
     x = leaf(np.zeros((2, 2)))
     with pytest.raises(ValueError, match=f"soft targets must be distributions.*{what}"):

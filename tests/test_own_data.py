@@ -270,7 +270,8 @@ def test_npz_that_needs_pickle_or_is_not_an_npz(tmp_path):
 # ---------------------------------------------------------------------- CSV / TSV text
 def test_csv_with_quotes_string_labels_and_a_held_out_split(tmp_path):
     path = tmp_path / "reviews.csv"
-    rows = ['text,label,id'] + [f'"a film, number {i}, was {"good" if i % 3 else "bad"}",{"pos" if i % 3 else "neg"},{i}'
+    rows = ['text,label,id'] + [f'"a film, number {i}, was {"good" if i % 3 else "bad"}",'
+                                f'{"pos" if i % 3 else "neg"},{i}'
                                 for i in range(30)]
     path.write_text("\ufeff" + "\n".join(rows) + "\n\n", encoding="utf-8")     # a BOM and an empty last line
     table = data.read_text_table(path, "text", "label")
@@ -348,7 +349,8 @@ def test_train_cifar_gmlp_on_an_image_folder(tmp_path):
                     "--out", out, cwd=tmp_path))
     assert "folder: 14 train / 2 validation / 6 test images" in stdout and "confusion.png" in stdout
     meta = read_meta(out / "checkpoint.npz")
-    assert meta["classes"] == ["cat", "dog"] and meta["dataset"] == "folder" and meta["model_config"]["image_size"] == 32
+    assert meta["classes"] == ["cat", "dog"] and meta["dataset"] == "folder"
+    assert meta["model_config"]["image_size"] == 32
     for name in ("metrics.json", "curves.png", "spatial_weights.png", "confusion.png"):
         assert (out / name).stat().st_size > 0
 
@@ -365,7 +367,8 @@ def test_an_image_folder_without_test_holds_some_out(tmp_path):
     root = image_folder(tmp_path / "pets", per_class=(10, 0))
     stdout = ok(run("train_cifar_mixer.py", "--dataset", "folder", "--data-dir", root, *TINY_IMAGE,
                     "--test-fraction", "0.2", "--out", tmp_path / "run", cwd=tmp_path))
-    assert "no test/ folder: 4 of its 20 images" in stdout and "folder: 14 train / 2 validation / 4 test images" in stdout
+    assert "no test/ folder: 4 of its 20 images" in stdout
+    assert "folder: 14 train / 2 validation / 4 test images" in stdout
 
 
 def test_train_cifar_mixer_on_npz_arrays(tmp_path):
@@ -382,8 +385,10 @@ def test_train_cifar_mixer_on_npz_arrays(tmp_path):
 
 
 def test_image_data_errors_are_one_line(tmp_path):
-    refused(run("train_cifar_gmlp.py", "--dataset", "folder", *TINY_IMAGE, cwd=tmp_path), "--dataset folder needs --data-dir")
-    refused(run("train_cifar_gmlp.py", "--dataset", "npz", "--data-dir", tmp_path / "none.npz", *TINY_IMAGE, cwd=tmp_path),
+    refused(run("train_cifar_gmlp.py", "--dataset", "folder", *TINY_IMAGE, cwd=tmp_path),
+            "--dataset folder needs --data-dir")
+    refused(run("train_cifar_gmlp.py", "--dataset", "npz", "--data-dir", tmp_path / "none.npz", *TINY_IMAGE,
+                cwd=tmp_path),
             "none.npz: no such file")
     root = image_folder(tmp_path / "pets")
     (root / "test" / "dog").rename(root / "test" / "wolf")
@@ -395,7 +400,8 @@ def test_image_data_errors_are_one_line(tmp_path):
 
 def reviews_csv(path, n=60):
     words = ["good", "great", "fine"], ["bad", "dull", "poor"]
-    rows = ["id,review,sentiment"] + [f'{i},"the film, take {i}, was {words[i % 2][i % 3]}",{("neg", "pos")[i % 2 == 0]}'
+    rows = ["id,review,sentiment"] + [f'{i},"the film, take {i}, was {words[i % 2][i % 3]}",'
+                                      f'{("neg", "pos")[i % 2 == 0]}'
                                       for i in range(n)]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     return path
@@ -442,7 +448,8 @@ def test_pretrain_mlm_on_a_csv_file_and_on_lines(tmp_path):
 @pytest.mark.parametrize("script, flags, words", [
     ("train_text_gmlp.py", ["--dataset", "csv"], "--dataset csv needs --train-file FILE"),
     ("train_text_gmlp.py", ["--dataset", "csv", "--train-file", "missing.csv"], "missing.csv: no such file"),
-    ("train_text_gmlp.py", ["--dataset", "synthetic", "--train-file", "reviews.csv"], "--train-file is read with --dataset csv"),
+    ("train_text_gmlp.py", ["--dataset", "synthetic", "--train-file", "reviews.csv"],
+     "--train-file is read with --dataset csv"),
     ("train_text_gmlp.py", ["--dataset", "csv", "--train-file", "reviews.csv"], "no column 'text' (--text-column)"),
     ("train_text_gmlp.py", ["--dataset", "csv", "--train-file", "reviews.csv", "--text-column", "review",
                             "--label-column", "id", "--test-file", "reviews.csv", "--test-fraction", "0"],

@@ -61,8 +61,10 @@ def test_a_count_given_as_a_float_or_a_boolean_is_refused(make):
 
 # ---------------------------------------------------------------------- arguments in their range
 @pytest.mark.parametrize("make,words", [
-    (lambda: MaskedLMLoader(TokenDataset(np.zeros((4, 5)), np.zeros(4), ()), 2, mask_prob=1.5), "mask_prob must be in (0, 1]"),
-    (lambda: MaskedLMLoader(TokenDataset(np.zeros((4, 5)), np.zeros(4), ()), 2, mask_prob=0), "mask_prob must be in (0, 1]"),
+    (lambda: MaskedLMLoader(TokenDataset(np.zeros((4, 5)), np.zeros(4), ()), 2, mask_prob=1.5),
+     "mask_prob must be in (0, 1]"),
+    (lambda: MaskedLMLoader(TokenDataset(np.zeros((4, 5)), np.zeros(4), ()), 2, mask_prob=0),
+     "mask_prob must be in (0, 1]"),
     (lambda: HorizontalFlip(p=-0.1), "p must be in [0, 1]"),
     (lambda: Mixup(0, 10), "alpha must be in (0, inf)"),
     (lambda: CutMix(-1, 10), "alpha must be in (0, inf)"),
@@ -153,7 +155,8 @@ def test_a_checkpoint_array_that_declares_a_huge_shape_is_named_without_allocati
     for read in (lambda: checkpoint.read_meta(bad), lambda: checkpoint.load(bad, model)):
         with pytest.raises(CheckpointError) as err:
             read()
-        assert str(bad) in str(err.value) and "'model/head.bias' declares the shape (10000000, 1000000)" in str(err.value)
+        assert str(bad) in str(err.value)
+        assert "'model/head.bias' declares the shape (10000000, 1000000)" in str(err.value)
         assert "damaged or truncated" in str(err.value)
 
 

@@ -147,7 +147,8 @@ def test_a_zip_with_too_many_members_or_bytes_is_refused(tmp_path, monkeypatch):
         zf.writestr("SST-2/train.tsv", "sentence\tlabel\n" + "a fine film \t1\n" * 5000)   # 80 kB, deflates to little
         zf.writestr("SST-2/dev.tsv", "sentence\tlabel\n")
     use(monkeypatch, "sst2", archive, max_unpacked=50_000)
-    with pytest.raises(DatasetError, match=r"SST-2\.zip was refused: its members would unpack to more than 50,000 bytes"):
+    with pytest.raises(DatasetError,
+                       match=r"SST-2\.zip was refused: its members would unpack to more than 50,000 bytes"):
         SST2(root=tmp_path / "a", progress=False)
     assert not (tmp_path / "a").exists()                       # nothing created, nothing half-written
     use(monkeypatch, "sst2", archive, max_members=1, max_unpacked=1 << 30)

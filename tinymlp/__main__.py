@@ -59,7 +59,8 @@ def doctor() -> int:
     """Print what tinymlp can run on here, ending with a one-line verdict; 0 when the CPU path works."""
     print(f"tinymlp {__version__}")
     print(f"python  {platform.python_version()} ({sys.executable})")
-    print(f"numpy   {np.__version__}, BLAS: {_blas_info()}, CPU cores: {os.cpu_count()}, thread variables: {_thread_env()}")
+    print(f"numpy   {np.__version__}, BLAS: {_blas_info()}, CPU cores: {os.cpu_count()}, "
+          f"thread variables: {_thread_env()}")
     try:
         cpu = _tiny_op("cpu")
     except Exception as exc:
@@ -80,7 +81,8 @@ def doctor() -> int:
         return status
     runtime = cupy.cuda.runtime.runtimeGetVersion()
     driver = cupy.cuda.runtime.driverGetVersion()
-    print(f"cuda    runtime {runtime // 1000}.{runtime % 1000 // 10}, driver {driver // 1000}.{driver % 1000 // 10}, {count} device(s)")
+    print(f"cuda    runtime {runtime // 1000}.{runtime % 1000 // 10}, "
+          f"driver {driver // 1000}.{driver % 1000 // 10}, {count} device(s)")
     not_ready = backend.cuda_ready(cupy)   # an elementwise kernel, a matmul, the fast tier's LayerNorm
     print(f"        kernels: {'ok' if not_ready is None else 'FAILED: ' + not_ready}")
     if not_ready is not None:

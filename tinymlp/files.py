@@ -201,11 +201,11 @@ def npz_problem(path):
             except Exception as err:   # a damaged header: ValueError, zlib.error, EOFError, ...
                 return f"the array {name!r} has a damaged header ({type(err).__name__})"
             if dtype.hasobject:
-                return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; tinymlp "
-                        "never unpickles: save plain numeric arrays (and text as a string array)")
+                return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; "
+                        "tinymlp never unpickles: save plain numeric arrays (and text as a string array)")
             declared = math.prod(shape) * dtype.itemsize
             held = info.file_size - offset
             if declared > held:
-                return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) but holds "
-                        f"{max(held, 0):,} bytes: the file is damaged or truncated")
+                return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) "
+                        f"but holds {max(held, 0):,} bytes: the file is damaged or truncated")
     return None

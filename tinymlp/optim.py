@@ -512,7 +512,8 @@ class LRSchedule:
             if not _is_count(state[k]):
                 raise ValueError(f"{name}: {k}={state[k]!r} is not an integer >= 0")
         self._check_settings(name, state["warmup_steps"], state["total_steps"], state["min_lr"])
-        if not isinstance(state["base_lrs"], (list, tuple)) or len(state["base_lrs"]) != len(self.optimizer.param_groups):
+        if (not isinstance(state["base_lrs"], (list, tuple))
+                or len(state["base_lrs"]) != len(self.optimizer.param_groups)):
             raise ValueError(
                 f"{name}: {_describe(state['base_lrs'])} as base lrs for {len(self.optimizer.param_groups)} "
                 "param group(s); expected one lr per group"

@@ -37,7 +37,8 @@ def _check_kind(dtype, what):
     """Refuse dtypes that are not bool, integer or float (complex, strings, objects, dates)."""
     kind = np.dtype(dtype).kind
     if kind not in "biuf":
-        name = {"c": "complex", "U": "string", "S": "bytes", "O": "Python objects (dtype object: None, a dict or mixed types inside)",
+        name = {"c": "complex", "U": "string", "S": "bytes",
+                "O": "Python objects (dtype object: None, a dict or mixed types inside)",
                 "M": "datetime", "m": "timedelta", "V": "structured"}.get(kind, str(np.dtype(dtype)))
         raise TypeError(f"tensor(): {what} is {name} ({np.dtype(dtype)}); {ACCEPTED}")
 
@@ -336,7 +337,8 @@ class Tensor:
         try:
             self._data[index] = self._operand(value)
         except (TypeError, ValueError) as e:
-            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"t[...] = value on a tensor of shape {self.shape} and dtype {self.dtype}: {e}") from None
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(
+                f"t[...] = value on a tensor of shape {self.shape} and dtype {self.dtype}: {e}") from None
         _guard.mark_written(self)
 
     def _in_place(self, symbol, ufunc, other):
@@ -354,9 +356,10 @@ class Tensor:
             getattr(self._xp, ufunc)(self._data, value, out=self._data)
         except (TypeError, ValueError) as e:   # a float into an integer tensor, a shape that grows
             shape = getattr(value, "shape", ())
-            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"x {symbol} y in place, with x of shape {self.shape} ({self.dtype}) and y of shape "
-                          f"{tuple(shape)} ({getattr(value, 'dtype', type(value).__name__)}): the result must "
-                          f"fit x's shape and dtype; write x = x {symbol[:-1]} y for a new tensor") from None
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(
+                f"x {symbol} y in place, with x of shape {self.shape} ({self.dtype}) and y of shape "
+                f"{tuple(shape)} ({getattr(value, 'dtype', type(value).__name__)}): the result must "
+                f"fit x's shape and dtype; write x = x {symbol[:-1]} y for a new tensor") from None
         _guard.mark_written(self)
         return self
 
@@ -525,7 +528,8 @@ def _numpy_on_tensors(name, func, args, kwargs):
     the tinymlp op that keeps the graph is named. Results without a gradient to lose (booleans,
     indices, ``np.allclose``) and everything under ``no_grad()`` pass."""
     result = func(*_unwrap(args), **_unwrap(kwargs))
-    if _autograd.is_grad_enabled() and _has_float_array(result) and any(t.requires_grad for t in _tensors_in((args, kwargs))):
+    if (_autograd.is_grad_enabled() and _has_float_array(result)
+            and any(t.requires_grad for t in _tensors_in((args, kwargs)))):
         short = name.split(".")[1]
         use = _TINYMLP_NAME.get(short)
         use = (f"use {use}, which keeps the graph" if use else

@@ -293,7 +293,8 @@ def _check_not_empty(loader, who, name):
         return                      # no len(): checked once it has been iterated
     if n == 0:
         raise ValueError(f"{who}: {name} gives no batches ({_describe(loader)}); give it more examples or a "
-                         "smaller batch_size" + (" (or drop_last=False)" if getattr(loader, "drop_last", False) else ""))
+                         "smaller batch_size"
+                         + (" (or drop_last=False)" if getattr(loader, "drop_last", False) else ""))
 
 # ---------------------------------------------------------------------- fit
 def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=None, clip=None,

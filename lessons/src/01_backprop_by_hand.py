@@ -9,7 +9,8 @@
 #
 # **Objectives.** In this lesson:
 #
-# 1. one neuron, a squared loss, and the chain rule for $\partial\mathcal L/\partial w_j$ and $\partial\mathcal L/\partial b$;
+# 1. one neuron, a squared loss, and the chain rule for $\partial\mathcal L/\partial w_j$ and
+#    $\partial\mathcal L/\partial b$;
 # 2. finite differences: the numerical check that every later lesson relies on;
 # 3. nine activation functions and their derivatives, each checked and plotted;
 # 4. gradient descent on one neuron with the gradient we derived.

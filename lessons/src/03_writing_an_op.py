@@ -381,7 +381,8 @@ def timed(fn, repeats=5):
 
 if gelu_done:
     t_ours, t_lib = timed(my_gelu), timed(F.gelu)
-    print(f"GELU forward+backward on {big.size:,} float32 values: ours {1e3 * t_ours:.0f} ms, F.gelu {1e3 * t_lib:.0f} ms")
+    print(f"GELU forward+backward on {big.size:,} float32 values: "
+          f"ours {1e3 * t_ours:.0f} ms, F.gelu {1e3 * t_lib:.0f} ms")
 else:
     skipped("03.2", "the timing of your GELU against F.gelu")
 

@@ -314,7 +314,8 @@ up = rng.normal(size=(2, D))
 out.backward(up)
 g = up[0] * gamma_np
 assert np.allclose(xc_.grad[0], (g - g.mean()) / np.sqrt(eps))
-print(f"|dL/dx| of the constant row: {np.linalg.norm(xc_.grad[0]):.1f}  vs  |dL/dx| of an ordinary row: {np.linalg.norm(xc_.grad[1]):.2f}")
+print(f"|dL/dx| of the constant row: {np.linalg.norm(xc_.grad[0]):.1f}  vs  "
+      f"|dL/dx| of an ordinary row: {np.linalg.norm(xc_.grad[1]):.2f}")
 report = gradcheck(lambda x, w, b: F.layer_norm(x, w, b, eps=eps), (xc_, gc_, bc_))
 assert report.passed
 print(report.summary())

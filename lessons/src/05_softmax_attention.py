@@ -24,8 +24,9 @@
 # position encoding).
 #
 # **In tinymlp:** `tinymlp/ops/attention.py` (`softmax`, `attention`, each with its fused
-# backward), `tinymlp/ops/loss.py` (softmax cross-entropy), `tinymlp/models/vit.py` (`sinusoidal_embedding`, the ViT), `tinymlp/nn/layers.py`
-# (`PatchEmbedding`), `tinymlp/nn/attention.py` (single- and multi-head attention layers).
+# backward), `tinymlp/ops/loss.py` (softmax cross-entropy), `tinymlp/models/vit.py`
+# (`sinusoidal_embedding`, the ViT), `tinymlp/nn/layers.py` (`PatchEmbedding`),
+# `tinymlp/nn/attention.py` (single- and multi-head attention layers).
 
 # %%
 import math
@@ -56,7 +57,8 @@ with np.errstate(over="ignore", invalid="ignore"):
     naive = np.exp(logits) / np.exp(logits).sum()
 print("naive    :", naive)
 print("F.softmax:", F.softmax(tensor(logits, dtype="float64")).numpy())
-assert np.allclose(F.softmax(tensor(logits, dtype="float64")).numpy(), F.softmax(tensor(logits - 1000, dtype="float64")).numpy())
+assert np.allclose(F.softmax(tensor(logits, dtype="float64")).numpy(),
+                   F.softmax(tensor(logits - 1000, dtype="float64")).numpy())
 
 # %% [markdown]
 # ### The Jacobian

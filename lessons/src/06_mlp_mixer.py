@@ -412,7 +412,8 @@ for r, (label, weights) in enumerate(rows):
     axes[r, 0].set_ylabel(label)
 fig.suptitle("Block 0, token-mixing units 0-15 on the 4x4 patch grid")
 plt.show()
-print(f"size of the change / size at init: {np.linalg.norm(change_of_weights) / np.linalg.norm(initial_token_weights):.2f}")
+print("size of the change / size at init: "
+      f"{np.linalg.norm(change_of_weights) / np.linalg.norm(initial_token_weights):.2f}")
 
 # %% [markdown]
 # "Rows against rows, columns against columns" can be measured. Fit each centred tile $T$

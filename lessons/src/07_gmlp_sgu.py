@@ -322,7 +322,8 @@ assert means["split"] > 0.85
 # A number for "how Toeplitz is $W$": group the $S^2$ entries by their offset, and compare
 # the variance left *within* the groups with the total variance,
 #
-# $$T(W) = \frac{\operatorname{mean}_{ij}\bigl(W_{ij} - \overline{W}_{\mathrm{offset}(i,j)}\bigr)^2}{\operatorname{var}(W)} ,$$
+# $$T(W) = \frac{\operatorname{mean}_{ij}\bigl(W_{ij} - \overline{W}_{\mathrm{offset}(i,j)}\bigr)^2}
+#   {\operatorname{var}(W)} ,$$
 #
 # 0 for an exactly Toeplitz matrix, and near 1 for unstructured noise (we compare with $W$'s
 # own entries shuffled). First the image models trained above:

@@ -480,7 +480,8 @@ class TinyNet(nn.Module):
 
 if not (rms_done and swish_done):
     skipped("10.1 and 10.2", "your RMSNorm and Swish in this network (the library's LayerNorm and GELU stand in)")
-    rms_norm = lambda x, weight, eps=1e-6: F.layer_norm(x, weight, tinymlp.tensor(np.zeros(weight.shape[0], np.float32)), eps=eps)
+    rms_norm = lambda x, weight, eps=1e-6: F.layer_norm(
+        x, weight, tinymlp.tensor(np.zeros(weight.shape[0], np.float32)), eps=eps)
     swish = F.gelu
 net = TinyNet()
 optimizer = tinymlp.optim.Adam(net.parameters(), lr=1e-2)

@@ -458,8 +458,9 @@ assert history.val_acc[-1] > 0.9, history.val_acc      # what the text below say
 #
 # So at toy scale the head inside aMLP does not buy sample efficiency, and we found no small pair
 # task on which aMLP beats gMLP within seconds: with little data neither finds the rule, with
-# enough data the gMLP does, and the aMLP on most seeds. The course work's gain is measured at 18 layers with BERT's embeddings on
-# MNLI, where the model is deep and trained long enough for the head to find its use:
+# enough data the gMLP does, and the aMLP on most seeds. The course work's gain is measured at
+# 18 layers with BERT's embeddings on MNLI, where the model is deep and trained long enough for
+# the head to find its use:
 #
 # | model (#L = 18)       | SST-2 | MNLI-m |
 # |-----------------------|-------|--------|

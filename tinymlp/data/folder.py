@@ -268,8 +268,8 @@ def load_npz(path, size=32):
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in NPZ_KEYS if k not in npz.files]
             if missing:
-                raise DatasetError(f"{path}: no array {', '.join(missing)} (it holds {', '.join(npz.files) or 'none'}); "
-                                   f"expected {', '.join(NPZ_KEYS)}")
+                raise DatasetError(f"{path}: no array {', '.join(missing)} "
+                                   f"(it holds {', '.join(npz.files) or 'none'}); expected {', '.join(NPZ_KEYS)}")
             arrays = {k: npz[k] for k in NPZ_KEYS + (("classes",) if "classes" in npz.files else ())}
     except DatasetError:
         raise

@@ -347,7 +347,8 @@ def split_words(text, lowercase, special_tokens=False):
     if not plain:
         text = unicodedata.normalize(NORMAL_FORM, text)
     if lowercase and special_tokens:             # lowercase all but the special tokens
-        text = re.sub(rf"{SPECIAL}|[^\[]+|\[", lambda m: m.group() if m.group() in SPECIAL_TOKENS else m.group().lower(), text)
+        text = re.sub(rf"{SPECIAL}|[^\[]+|\[",
+                      lambda m: m.group() if m.group() in SPECIAL_TOKENS else m.group().lower(), text)
     elif lowercase:
         text = text.lower()
     if plain:

@@ -71,7 +71,8 @@ def normalize(images, mean, std):
     xp = array_module(images)
     shape = (1, -1) + (1,) * (images.ndim - 2)
     dtype = np.dtype(images.dtype)
-    if isinstance(mean, (np.ndarray, list, tuple, int, float)) and isinstance(std, (np.ndarray, list, tuple, int, float)):
+    if (isinstance(mean, (np.ndarray, list, tuple, int, float))
+            and isinstance(std, (np.ndarray, list, tuple, int, float))):
         key = ("normalize", dtype.str, np.asarray(mean, np.float64).tobytes(), np.asarray(std, np.float64).tobytes())
         mean = device_constant(xp, key + ("mean",), lambda: np.asarray(mean, dtype=dtype).reshape(shape))
         inv_std = device_constant(xp, key + ("1/std",), lambda: 1 / np.asarray(std, dtype=dtype).reshape(shape))

@@ -49,7 +49,8 @@ def keep_memory():
         _state["why"] = f"mallopt unavailable ({exc})"
         return False
     _state["applied"] = ok
-    _state["why"] = ("glibc mallopt: no mmap for big blocks, freed memory kept (TINYMLP_KEEP_MEMORY=0 to leave malloc alone)"
+    _state["why"] = (("glibc mallopt: no mmap for big blocks, freed memory kept "
+                      "(TINYMLP_KEEP_MEMORY=0 to leave malloc alone)")
                      if ok else "mallopt refused the settings")
     return ok
 

@@ -131,7 +131,8 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
     d_eps, d_rtol, d_atol = DEFAULTS.get(plan.check_dtype, DEFAULTS[np.dtype(np.float32)])
     if mode == "auto":
         resolved = "full" if sum(c.size for c in plan.checked) <= max_full else "sampled"
-    settings = Settings(mode=resolved if mode == "auto" else mode, dtype=plan.check_dtype, seed=seed, promoted_from=plan.promoted_from,
+    settings = Settings(mode=resolved if mode == "auto" else mode, dtype=plan.check_dtype, seed=seed,
+                        promoted_from=plan.promoted_from,
                         eps=d_eps if eps is None else eps, rtol=d_rtol if rtol is None else rtol,
                         atol=d_atol if atol is None else atol,
                         upstream=upstream if isinstance(upstream, str) else "given")

@@ -50,7 +50,8 @@ def _jax_vit_table(depth, head=True):
         for k in (0, 1):
             rows += [(f"{b}mlp.fc{k + 1}.weight", f"{j}MlpBlock_3/Dense_{k}/kernel", SAME),
                      (f"{b}mlp.fc{k + 1}.bias", f"{j}MlpBlock_3/Dense_{k}/bias", SAME)]
-    rows += [("norm.weight", "Transformer/encoder_norm/scale", SAME), ("norm.bias", "Transformer/encoder_norm/bias", SAME)]
+    rows += [("norm.weight", "Transformer/encoder_norm/scale", SAME),
+             ("norm.bias", "Transformer/encoder_norm/bias", SAME)]
     if head:
         rows += [("head.weight", "head/kernel", SAME), ("head.bias", "head/bias", SAME)]
     return rows
@@ -115,7 +116,8 @@ def from_jax_state(arrays, what, arch, num_classes, gelu, image_size, config):
         cls, kwargs = MLPMixer, dict(
             image_size=grid_image_size(token_w.shape[0], pair(patch), image_size, what), patch_size=patch,
             in_channels=cin, dim=dim, depth=depth, token_mlp_dim=token_w.shape[1],
-            channel_mlp_dim=need_shape(state, "MixerBlock_0/channel_mixing/Dense_0/kernel", 2, "(C, D_C)", what).shape[1],
+            channel_mlp_dim=need_shape(
+                state, "MixerBlock_0/channel_mixing/Dense_0/kernel", 2, "(C, D_C)", what).shape[1],
             eps=1e-6)
         table = _jax_mixer_table(depth, keep_head)
     else:

@@ -16,8 +16,8 @@ import numpy as np
 from ..nn.module import StateDictError, value_problem
 from .weight_files import InteropError
 
-__all__ = ["SAME", "build", "count_blocks", "family_of_arch", "grid_image_size", "load_table", "need", "need_shape", "pair",
-           "strip_prefix"]
+__all__ = ["SAME", "build", "count_blocks", "family_of_arch", "grid_image_size", "load_table", "need", "need_shape",
+           "pair", "strip_prefix"]
 
 FAMILIES = ("mixer", "gmlp", "vit")
 

@@ -74,7 +74,8 @@ def _timm_gmlp_table(depth, head=True):
         b, m = f"blocks.{i}.", f"blocks.{i}.mlp_channels."
         rows += [(f"{b}norm.weight", f"{b}norm.weight", SAME), (f"{b}norm.bias", f"{b}norm.bias", SAME),
                  (f"{b}proj_in.weight", f"{m}fc1.weight", LINEAR), (f"{b}proj_in.bias", f"{m}fc1.bias", SAME),
-                 (f"{b}sgu.norm.weight", f"{m}gate.norm.weight", SAME), (f"{b}sgu.norm.bias", f"{m}gate.norm.bias", SAME),
+                 (f"{b}sgu.norm.weight", f"{m}gate.norm.weight", SAME),
+                 (f"{b}sgu.norm.bias", f"{m}gate.norm.bias", SAME),
                  (f"{b}sgu.weight", f"{m}gate.proj.weight", SAME),       # both (out_token, in_token)
                  (f"{b}sgu.bias", f"{m}gate.proj.bias", SAME),
                  (f"{b}proj_out.weight", f"{m}fc2.weight", LINEAR), (f"{b}proj_out.bias", f"{m}fc2.bias", SAME)]
@@ -91,7 +92,8 @@ def _timm_vit_table(depth, head=True):
             rows += [(f"{b}{norm}.{p}", f"{b}{norm}.{p}", SAME) for p in ("weight", "bias")]
         for ours, theirs in (("attn.qkv", "attn.qkv"), ("attn.out", "attn.proj"), ("mlp.fc1", "mlp.fc1"),
                              ("mlp.fc2", "mlp.fc2")):
-            rows += [(f"{b}{ours}.weight", f"{b}{theirs}.weight", LINEAR), (f"{b}{ours}.bias", f"{b}{theirs}.bias", SAME)]
+            rows += [(f"{b}{ours}.weight", f"{b}{theirs}.weight", LINEAR),
+                     (f"{b}{ours}.bias", f"{b}{theirs}.bias", SAME)]
     return rows + _timm_tail(head)
 
 
@@ -181,7 +183,8 @@ def _timm_config(family, state, arch, heads, what, image_size):
     seq_len = need_shape(state, "blocks.0.mlp_channels.gate.proj.weight", 2, "(S, S)", what).shape[0]
     return GMLP, dict(
         image_size=grid_image_size(seq_len, pair(patch), image_size, what), patch_size=patch, in_channels=cin,
-        dim=dim, depth=depth, ffn_dim=need_shape(state, "blocks.0.mlp_channels.fc1.weight", 2, "(d_ffn, C)", what).shape[0],
+        dim=dim, depth=depth,
+        ffn_dim=need_shape(state, "blocks.0.mlp_channels.fc1.weight", 2, "(d_ffn, C)", what).shape[0],
         eps=1e-6,
         sgu_eps=1e-5)
 

@@ -154,7 +154,7 @@ def save_safetensors(path, tensors: dict, metadata: dict | None = None, *, what=
     atomic_write(path, lambda f: f.write(blob), what=what)
 
 
-# ---------------------------------------------------------------------- .safetensors: the header checked, bfloat16 in NumPy
+# ---------------------------------------------------------------------- .safetensors: header checked, bfloat16 in NumPy
 def load_safetensors(path, with_metadata: bool = False):
     """name -> NumPy array from a .safetensors file (and its header metadata when asked).
 
@@ -164,7 +164,8 @@ def load_safetensors(path, with_metadata: bool = False):
     """
     stn, safe_open = safetensors_modules()
     header = safetensors_header(path)
-    bf16 = sorted(k for k, v in header.items() if k != "__metadata__" and isinstance(v, dict) and v.get("dtype") == "BF16")
+    bf16 = sorted(k for k, v in header.items()
+                  if k != "__metadata__" and isinstance(v, dict) and v.get("dtype") == "BF16")
     try:
         if bf16:
             arrays = _read_safetensors_bf16(path, header)

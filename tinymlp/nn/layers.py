@@ -71,7 +71,8 @@ class LayerNorm(Module):
 
     def forward(self, x):
         if x.shape[-1] != self.dim:
-            raise ValueError(f"LayerNorm({self.dim}): expected input with last axis {self.dim}, got shape {tuple(x.shape)}")
+            raise ValueError(f"LayerNorm({self.dim}): expected input with last axis {self.dim}, "
+                             f"got shape {tuple(x.shape)}")
         return F.layer_norm(x, self.weight, self.bias, eps=self.eps)
 
     def extra_repr(self):

@@ -138,7 +138,8 @@ def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None):
     blocks = max(1, min(n, 4 * compiled.threads())) if G.size >= compiled.PARALLEL_MIN else 1
     dw_part = np.zeros((blocks, dim))
     db_part = np.zeros((blocks, dim))
-    dX = (out if out is not None else np.empty((n, dim), dtype=G.dtype)) if need_dx else np.empty((1, dim), dtype=G.dtype)
+    dX = ((out if out is not None else np.empty((n, dim), dtype=G.dtype)) if need_dx
+          else np.empty((1, dim), dtype=G.dtype))
     scratch = np.empty((blocks, 2), dtype=G.dtype)
     (gf, gs), (xf, xs), (df, ds) = _flat_rows(G), _flat_rows(X), _flat_rows(dX)
     compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1), df,
