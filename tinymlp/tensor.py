@@ -364,7 +364,7 @@ class Tensor:
         return self
 
     def _check_writable(self, what, other):
-        if not _autograd.is_grad_enabled():
+        if not _grad_mode.is_grad_enabled():
             return
         if self.requires_grad and self._ctx is None:
             raise RuntimeError(
@@ -528,7 +528,7 @@ def _numpy_on_tensors(name, func, args, kwargs):
     the tinymlp op that keeps the graph is named. Results without a gradient to lose (booleans,
     indices, ``np.allclose``) and everything under ``no_grad()`` pass."""
     result = func(*_unwrap(args), **_unwrap(kwargs))
-    if (_autograd.is_grad_enabled() and _has_float_array(result)
+    if (_grad_mode.is_grad_enabled() and _has_float_array(result)
             and any(t.requires_grad for t in _tensors_in((args, kwargs)))):
         short = name.split(".")[1]
         use = _TINYMLP_NAME.get(short)
@@ -556,6 +556,7 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
 # the autograd engine and writes to the in-place guard, all of which build on the Tensor class
 # defined above.
 from . import autograd as _autograd  # noqa: E402
+from . import grad_mode as _grad_mode  # noqa: E402
 from . import guard as _guard  # noqa: E402
 from . import ops as _ops  # noqa: E402
 from .backend import parse_device as _parse  # noqa: E402
