@@ -187,7 +187,7 @@ class Function:
         guard.share_views(result, args, arrays)        # a view of an input shares its memory
         if record:
             ctx.output = weakref.ref(result)
-            ctx.guarded = guard.record(ctx, args, arrays)   # the saved inputs backward will check
+            ctx.guarded = guard.record(ctx, args, arrays, kwargs)   # what backward will check is unchanged
         return result
 
 
