@@ -16,9 +16,10 @@ gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: ca
 ``zero_grad()`` between steps). Backward never builds a graph: it is plain array code.
 
 Five small modules stand beside this one, each one concept: ``grad_mode.py`` (``no_grad``:
-whether operations record a graph), ``graph.py`` (the walk in topological order), ``contract.py`` (the errors that name a Function's mistake: a gradient of
-the wrong shape, mixed precision), ``guard.py`` (refusing a backward whose saved inputs were
-changed in place) and ``dispatch.py`` (the table in which ``apply`` finds a Function's fast
+whether operations record a graph), ``graph.py`` (the walk in topological order),
+``contract.py`` (the errors that name a Function's mistake: a gradient of the wrong shape,
+mixed precision), ``guard.py`` (refusing a backward whose saved inputs were changed in place)
+and ``dispatch.py`` (the table in which ``apply`` finds a Function's fast
 implementation: the one hook through which the fast tier, tinymlp/fast/, takes over an op).
 """
 
