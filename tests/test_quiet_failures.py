@@ -7,7 +7,10 @@
 - an emoji sequence is one symbol for the tokenizer;
 - an ``.npz`` array whose header declares more bytes than the file holds, or Python objects,
   is named with its file (no raw MemoryError, no "truncated" for an object array);
-- weight files of a wrong layout are one InteropError naming the file and the array.
+- weight files of a wrong layout are one InteropError naming the file and the array;
+- the engine's side: a tensor made from tensors that require grad, ``float(t)``, an integer
+  too large for int64, ``no_grad`` as a bare decorator and on a generator, fractional step
+  counts in a schedule, an index or class ids changed in place before backward.
 """
 
 import io
@@ -16,6 +19,7 @@ import zipfile
 import numpy as np
 import pytest
 
+import tinymlp
 from tinymlp import checkpoint, interop, models, optim
 from tinymlp.checkpoint import CheckpointError
 from tinymlp.data import (
@@ -228,3 +232,75 @@ def test_save_timm_to_a_folder_is_refused_and_leaves_nothing(tmp_path, name):
     with pytest.raises(IsADirectoryError, match=f"save_timm: .*{name} is a folder"):
         interop.save_timm(tiny_model(), tmp_path / name)
     assert sorted(p.name for p in tmp_path.iterdir()) == [name] and not any((tmp_path / name).iterdir())
+
+
+# --------------------------------------------------------------------------- the engine's side
+def test_a_tensor_made_from_tensors_that_require_grad_is_refused_not_cut_off_the_graph():
+    a, b = tinymlp.tensor([1.0], requires_grad=True), tinymlp.tensor([2.0], requires_grad=True)
+    with pytest.raises(TypeError, match=r"cut them off the graph.*tinymlp\.stack"):
+        tinymlp.tensor([a, b])
+    with pytest.raises(TypeError, match="require grad"):
+        tinymlp.tensor([[a], [b]])
+    assert tinymlp.tensor([a.detach(), b.detach()]).shape == (2, 1)      # constants: said so
+
+
+def test_float_int_and_index_of_a_one_element_tensor_and_a_clear_error_otherwise():
+    assert float(tinymlp.tensor([2.5])) == 2.5 and int(tinymlp.tensor(3)) == 3
+    assert list(range(tinymlp.tensor(3))) == [0, 1, 2]
+    with pytest.raises(TypeError, match=r"float\(\) needs a tensor with one element, got shape \(2,\)"):
+        float(tinymlp.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match="only an integer tensor can be used as an index"):
+        range(tinymlp.tensor(2.0))
+
+
+def test_an_integer_too_large_for_int64_is_named():
+    with pytest.raises(OverflowError, match="does not fit int64"):
+        tinymlp.tensor(2**70)
+    with pytest.raises(OverflowError, match="does not fit int64"):
+        tinymlp.tensor([1, 2**70])
+
+
+def test_no_grad_as_a_bare_decorator_and_on_a_generator():
+    x = tinymlp.tensor([1.0], requires_grad=True)
+
+    @tinymlp.no_grad
+    def double(t):
+        return t * 2
+
+    assert double(x).requires_grad is False and tinymlp.is_grad_enabled()
+
+    @tinymlp.no_grad()
+    def steps(t):
+        yield t * 2
+        yield t * 3                                # resumed later: still without a graph
+
+    assert [s.requires_grad for s in steps(x)] == [False, False] and tinymlp.is_grad_enabled()
+    with pytest.raises(TypeError, match="takes no arguments"):
+        tinymlp.no_grad(5)
+
+
+def test_schedules_refuse_fractional_step_counts_and_negative_steps():
+    from tinymlp import optim
+    opt = optim.SGD([tinymlp.tensor([1.0], requires_grad=True)], lr=0.1)
+    with pytest.raises(ValueError, match=r"total_steps=2\.7 is not a whole number of steps"):
+        optim.WarmupCosine(opt, warmup_steps=1, total_steps=2.7)
+    with pytest.raises(ValueError, match="warmup_steps=True"):
+        optim.WarmupLinear(opt, warmup_steps=True, total_steps=10)
+    with pytest.raises(ValueError, match="step must be a step count"):
+        optim.WarmupCosine(opt, 1, 10).get_lr(-3)
+
+
+def test_an_index_or_class_ids_changed_in_place_before_backward_are_refused():
+    """Integer arrays an op was given as they are (an index, class ids) are checked like saved inputs."""
+    x = tinymlp.tensor(np.arange(6.0), requires_grad=True)
+    index = np.array([0, 2, 2])
+    y = x[index]
+    index[:] = 5
+    with pytest.raises(RuntimeError, match=r"GetItem: .*index.* was changed in place after forward"):
+        y.sum().backward()
+    logits = tinymlp.tensor(np.zeros((2, 3)), requires_grad=True)
+    labels = np.array([0, 1])
+    loss = tinymlp.functional.cross_entropy(logits, labels)
+    labels[0] = 2
+    with pytest.raises(RuntimeError, match="was changed in place after forward"):
+        loss.backward()

@@ -7,7 +7,8 @@ primitive ops (``tinymlp.exp``, ``tinymlp.concatenate``, ...), and the subpackag
 
 from .backend import CudaUnavailableError, array_module, cuda_available
 from .tensor import Tensor, tensor
-from .autograd import Function, enable_grad, is_grad_enabled, no_grad
+from .autograd import Function
+from .grad_mode import enable_grad, is_grad_enabled, no_grad
 from .ops import (
     add, astype, concatenate, div, exp, getitem, log, matmul, max, mean, mul, neg, pow, relu,
     reshape, sigmoid, split, sqrt, stack, sub, sum, tanh, transpose, where,

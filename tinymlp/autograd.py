@@ -15,67 +15,24 @@ the forward pass) and what forward saved.
 gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: call
 ``zero_grad()`` between steps). Backward never builds a graph: it is plain array code.
 
-Four small modules stand beside this one, each one concept: ``graph.py`` (the walk in
-topological order), ``contract.py`` (the errors that name a Function's mistake: a gradient of
-the wrong shape, mixed precision), ``guard.py`` (refusing a backward whose saved inputs were
-changed in place) and ``dispatch.py`` (the table in which ``apply`` finds a Function's fast
+Five small modules stand beside this one, each one concept: ``grad_mode.py`` (``no_grad``:
+whether operations record a graph), ``graph.py`` (the walk in topological order),
+``contract.py`` (the errors that name a Function's mistake: a gradient of the wrong shape,
+mixed precision), ``guard.py`` (refusing a backward whose saved inputs were changed in place)
+and ``dispatch.py`` (the table in which ``apply`` finds a Function's fast
 implementation: the one hook through which the fast tier, tinymlp/fast/, takes over an op).
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import weakref
 
 from . import contract, dispatch, graph, guard
+from .grad_mode import is_grad_enabled
 from .tensor import Tensor
 
-__all__ = ["Context", "Function", "backward", "enable_grad", "is_grad_enabled", "no_grad", "unbroadcast"]
-
-
-# --------------------------------------------------------------------------- grad mode
-class _GradMode(threading.local):
-    enabled = True
-
-
-_grad_mode = _GradMode()
-
-
-def is_grad_enabled() -> bool:
-    """Whether new operations record a graph."""
-    return _grad_mode.enabled
-
-
-class _GradModeContext(contextlib.ContextDecorator):
-    """Sets grad mode to ``enabled`` inside a ``with`` block or a decorated function."""
-
-    enabled: bool
-
-    def __enter__(self):
-        self._prev = _grad_mode.enabled
-        _grad_mode.enabled = self.enabled
-        return self
-
-    def __exit__(self, *exc):
-        _grad_mode.enabled = self._prev
-        return False
-
-    def _recreate_cm(self):  # a fresh instance per decorated call: recursion and threads are safe
-        return type(self)()
-
-
-class no_grad(_GradModeContext):
-    """Context manager and decorator in which operations build no graph at all."""
-
-    enabled = False
-
-
-class enable_grad(_GradModeContext):
-    """Turn graph recording back on inside a ``no_grad`` region."""
-
-    enabled = True
+__all__ = ["Context", "Function", "backward", "unbroadcast"]
 
 
 def unbroadcast(grad, shape):
@@ -220,7 +177,7 @@ class Function:
         """
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        record = _grad_mode.enabled and any(needs)
+        record = is_grad_enabled() and any(needs)
         contract.check_inputs(cls, args, arrays, kwargs, record)
         # The one hook: the fast tier's implementation of this op on this device, if it registered
         # one (tinymlp/dispatch.py), else the class itself. Same contract, tested against it.
@@ -231,7 +188,7 @@ class Function:
         guard.share_views(result, args, arrays)        # a view of an input shares its memory
         if record:
             ctx.output = weakref.ref(result)
-            ctx.guarded = guard.record(ctx, args, arrays)   # the saved inputs backward will check
+            ctx.guarded = guard.record(ctx, args, arrays, kwargs)   # what backward will check is unchanged
         return result
 
 

@@ -12,8 +12,10 @@ The guard follows every write into a saved input, by two routes:
   memory (``before_raw_access``), before the caller can write; backward takes it again and
   compares.
 
-Nothing is copied and nothing is read in a step that does neither (the cost is a few small
-objects per saved input). Not seen: a write through an array taken from ``.data`` *before* the
+Integer and boolean arrays an op is given as they are (an index, class ids, a mask) are kept
+by it for backward too: their checksum is taken at forward and compared at backward (CPU
+arrays; they are small). Nothing is copied and nothing is read in a step that does neither
+(the cost is a few small objects per saved input). Not seen: a write through an array taken from ``.data`` *before* the
 forward pass that saved it.
 
 The checksum route is CPU-only: on the GPU the versions are checked (writes through tinymlp are
@@ -37,7 +39,7 @@ from .backend import array_module
 from .contract import input_name
 from .tensor import Tensor
 
-__all__ = ["Storage", "before_raw_access", "check_unmodified", "mark_written", "record", "release",
+__all__ = ["Constant", "Storage", "before_raw_access", "check_unmodified", "mark_written", "record", "release",
            "share_views", "storage_of"]
 
 
@@ -134,14 +136,35 @@ def share_views(result, args, arrays) -> None:
             return
 
 
-def record(ctx, args, arrays) -> list:
+class Constant:
+    """An integer or boolean array given to an op as it is (an index, class ids, a mask): backward
+    may use it again, so its checksum is taken at forward (CPU arrays; they are small)."""
+
+    __slots__ = ("index", "array", "checksum")
+
+    def __init__(self, index, array):
+        self.index, self.array, self.checksum = index, array, _checksum(array)
+
+
+def _constants(values):
+    """The NumPy integer and boolean arrays among ``values`` and inside their tuples and lists."""
+    for v in values:
+        if isinstance(v, (tuple, list)):
+            yield from _constants(v)
+        elif type(v) is np.ndarray and v.dtype.kind in "biu" and v.size:
+            yield v
+
+
+def record(ctx, args, arrays, kwargs=None) -> list:
     """For each input Tensor whose memory forward saved: a ``Saved`` record, also listed on the
-    tensor's storage (so that ``.data`` can checksum it before a raw write). The node keeps the
-    list for ``check_unmodified``."""
+    tensor's storage (so that ``.data`` can checksum it before a raw write); for each integer or
+    boolean array passed as it is (an index, class ids): a ``Constant``. The node keeps the list
+    for ``check_unmodified``."""
+    records = [Constant(i, arr) for i, a in enumerate(args) if not isinstance(a, Tensor) for arr in _constants([a])]
+    records += [Constant(None, arr) for arr in _constants((kwargs or {}).values())]
     saved = ctx.saved_tensors
     if not saved:
-        return []
-    records = []
+        return records
     for i, a in enumerate(args):
         if not isinstance(a, Tensor):
             continue
@@ -167,6 +190,15 @@ def record(ctx, args, arrays) -> list:
 def check_unmodified(node) -> None:
     """Raise if an input saved by ``node``'s forward was changed in place since (see above)."""
     for s in getattr(node, "guarded", ()):
+        if isinstance(s, Constant):
+            if _checksum(s.array) != s.checksum:
+                reference = getattr(node.fn, "reference", node.fn)
+                what = input_name(reference, s.index) if s.index is not None else "an index or mask argument"
+                raise RuntimeError(
+                    f"{reference.__name__}: {what}, an array of shape {tuple(s.array.shape)} given as it is, "
+                    "was changed in place after forward, and backward reads it again, so the gradients "
+                    "would be wrong; change a copy (index.copy()), or run backward() first")
+            continue
         if s.storage.version != s.version:
             how = "by an in-place operation (x -= ..., x[i] = ..., or an optimizer step before backward())"
         elif s.checksum is not None and _checksum(s.array) != s.checksum:
@@ -185,5 +217,5 @@ def check_unmodified(node) -> None:
 def release(node) -> None:
     """The node ran its last backward: its records leave the storages' lists."""
     for s in getattr(node, "guarded", ()):
-        if s in s.storage.saves:
+        if isinstance(s, Saved) and s in s.storage.saves:
             s.storage.saves.remove(s)

@@ -473,6 +473,8 @@ class LRSchedule:
 
     def get_lr(self, step=None) -> float:
         """The lr of the first param group at ``step`` (default: the current step)."""
+        if step is not None and not _is_count(step):
+            raise ValueError(f"{type(self).__name__}.get_lr: step must be a step count (an int >= 0), got {step!r}")
         return self._lr(self.step_count if step is None else step, self.base_lrs[0])
 
     def _apply(self):
@@ -491,8 +493,11 @@ class LRSchedule:
 
     @staticmethod
     def _check_settings(name, warmup_steps, total_steps, min_lr):
+        for what, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
+            if not _is_count(value):       # a float is not truncated silently, a bool is not a count
+                raise ValueError(f"{name}: {what}={value!r} is not a whole number of steps; expected {what} "
+                                 "an int >= 0")
         check_hyperparameter(name, "total_steps", total_steps, 0, low_open=True)
-        check_hyperparameter(name, "warmup_steps", warmup_steps, 0)
         check_hyperparameter(name, "min_lr", min_lr, 0)
         if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
             raise ValueError(

@@ -291,7 +291,7 @@ TOKEN_MIXING_CAPTION = ("Each tile is one hidden unit; each pixel, one patch's w
 # ---------------------------------------------------------------------- gMLP spatial weights
 def _spatial_matrices(model_or_weight):
     """[(label, (S, S) array)] from a GMLP/AMLP, a block, an SGU, or weight(s) given directly."""
-    from .autograd import no_grad
+    from .grad_mode import no_grad
 
     obj = model_or_weight
     with no_grad():                                          # Toeplitz weights are built by an op

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, models
-from .autograd import no_grad
+from .grad_mode import no_grad
 from .backend import CudaUnavailableError, to_device
 from .checkpoint import CheckpointError
 from .data import DatasetError, Tokenizer

@@ -27,10 +27,40 @@ def _probe(data):
     """``data`` as an array, or a TypeError/ValueError that says what tinymlp accepts."""
     if data is None:
         raise TypeError(f"tensor(): cannot make a tensor from None; {ACCEPTED}")
+    if isinstance(data, (list, tuple)) and _holds_graph_tensor(data):
+        raise TypeError("tensor(): the list holds tensors that require grad, and a new tensor would cut them "
+                        "off the graph (no gradient would reach them); to keep the gradient use "
+                        "tinymlp.stack([...]) or tinymlp.concatenate([...]); for constants, the tensors' "
+                        ".detach() first")
     try:
-        return data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
+        probe = data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
     except ValueError:  # NumPy 2 refuses ragged nested lists ("inhomogeneous shape")
         raise ValueError(f"tensor(): the nested lists are ragged (rows of different lengths); {ACCEPTED}") from None
+    except OverflowError:
+        probe = np.asarray(data, dtype=object)
+    if probe.dtype == object and _big_int(probe):
+        raise OverflowError(f"tensor(): the integer {_big_int(probe)} does not fit int64, the widest integer dtype; "
+                            "give it as a float (tinymlp.tensor(float(n)) or dtype='float64') if an "
+                            "approximation will do")
+    return probe
+
+
+def _holds_graph_tensor(data, depth=0) -> bool:
+    """Whether a (nested) list holds a Tensor that requires grad."""
+    for item in data:
+        if isinstance(item, Tensor) and item.requires_grad:
+            return True
+        if isinstance(item, (list, tuple)) and depth < 32 and _holds_graph_tensor(item, depth + 1):
+            return True
+    return False
+
+
+def _big_int(objects):
+    """The first Python int in an object array that int64 cannot hold (None when there is none)."""
+    for v in objects.ravel():
+        if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
+            return v
+    return None
 
 
 def _check_kind(dtype, what):
@@ -364,7 +394,7 @@ class Tensor:
         return self
 
     def _check_writable(self, what, other):
-        if not _autograd.is_grad_enabled():
+        if not _grad_mode.is_grad_enabled():
             return
         if self.requires_grad and self._ctx is None:
             raise RuntimeError(
@@ -412,6 +442,24 @@ class Tensor:
         return self._compare(other, lambda a, b: a != b)
 
     __hash__ = object.__hash__  # tensors are identified by object, like PyTorch's
+
+    def __float__(self):
+        return float(self._one("float()"))
+
+    def __int__(self):
+        return int(self._one("int()"))
+
+    def __index__(self):
+        if self.dtype.kind not in "biu":
+            raise TypeError(f"only an integer tensor can be used as an index, this one is {self.dtype}")
+        return int(self._one("index"))
+
+    def _one(self, what):
+        """The one element's Python value, for ``float(t)``, ``int(t)`` (reads a GPU tensor back)."""
+        if self._data.size != 1:
+            raise TypeError(f"{what} needs a tensor with one element, got shape {self.shape}; "
+                            "for the values, t.numpy() or t.tolist()")
+        return self._data.item()
 
     def __bool__(self):
         if self._data.size != 1:
@@ -528,7 +576,7 @@ def _numpy_on_tensors(name, func, args, kwargs):
     the tinymlp op that keeps the graph is named. Results without a gradient to lose (booleans,
     indices, ``np.allclose``) and everything under ``no_grad()`` pass."""
     result = func(*_unwrap(args), **_unwrap(kwargs))
-    if (_autograd.is_grad_enabled() and _has_float_array(result)
+    if (_grad_mode.is_grad_enabled() and _has_float_array(result)
             and any(t.requires_grad for t in _tensors_in((args, kwargs)))):
         short = name.split(".")[1]
         use = _TINYMLP_NAME.get(short)
@@ -556,6 +604,7 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
 # the autograd engine and writes to the in-place guard, all of which build on the Tensor class
 # defined above.
 from . import autograd as _autograd  # noqa: E402
+from . import grad_mode as _grad_mode  # noqa: E402
 from . import guard as _guard  # noqa: E402
 from . import ops as _ops  # noqa: E402
 from .backend import parse_device as _parse  # noqa: E402

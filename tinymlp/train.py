@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import functional as F
-from .autograd import no_grad
+from .grad_mode import no_grad
 from .backend import array_module, parse_device, to_device
 from .data.loader import as_count, as_fraction
 from .optim import clip_grad_norm

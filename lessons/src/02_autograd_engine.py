@@ -23,9 +23,9 @@
 # micrograd-sized engine of your own, 02.3 (unbroadcast). Each is followed by a `check`.
 #
 # **In tinymlp:** `tinymlp/tensor.py` (the `Tensor` class), `tinymlp/autograd.py` (the
-# `Function` contract, `backward`, `unbroadcast`, `no_grad`: under 300 lines, worth reading
-# top to bottom after this lesson), `tinymlp/graph.py` (the topological order `backward`
-# walks) and `tinymlp/ops/` (one small `Function` per operation).
+# `Function` contract, `backward`, `unbroadcast`: under 300 lines, worth reading top to bottom
+# after this lesson), `tinymlp/graph.py` (the topological order `backward` walks),
+# `tinymlp/grad_mode.py` (`no_grad`) and `tinymlp/ops/` (one small `Function` per operation).
 
 # %%
 import sys

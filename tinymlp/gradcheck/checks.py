@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from .. import graph
-from ..autograd import enable_grad, no_grad
+from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
 from ..contract import GradientMismatchError, MixedPrecisionError
 from ..tensor import Tensor

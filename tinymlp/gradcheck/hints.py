@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..autograd import enable_grad, no_grad
+from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
 from ..tensor import Tensor
 from .plan import host, leaf

@@ -55,7 +55,7 @@ import warnings
 
 import numpy as np
 
-from ..autograd import no_grad
+from ..grad_mode import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
 from . import checks, precision, state

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..autograd import enable_grad
+from ..grad_mode import enable_grad
 from ..backend import to_device
 from .checks import function_name, graph_nodes
 from .plan import host

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import no_grad
+from ..grad_mode import no_grad
 from .plan import host
 
 NORMALISATIONS = {  # op -> (forward of one row, the backward to compare with, for the likely line)

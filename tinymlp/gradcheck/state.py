@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..autograd import enable_grad, no_grad
+from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
 from .checks import arrays_of, function_name, graph_nodes
 from .plan import close_bits, host, same_bits

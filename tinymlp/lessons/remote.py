@@ -370,7 +370,7 @@ class RemoteCallable:
         self._graph = proc._differentiable(handle, 0, ())
 
     def __call__(self, *args, **kwargs):
-        from ..autograd import is_grad_enabled
+        from ..grad_mode import is_grad_enabled
         from ..tensor import Tensor
 
         if is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import is_grad_enabled
+from ..grad_mode import is_grad_enabled
 from ..backend import check_axes, is_float_dtype, require_float
 from ..tensor import Tensor
 from .elementwise import Add, AsType, Div, Exp, Log, Mul, Neg, Pow, ReLU, Sigmoid, Sqrt, Sub, Tanh, Where
