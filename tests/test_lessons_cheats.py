@@ -287,7 +287,7 @@ def work():
         out.append(normalize_backward(grad * gamma, x_hat, r))
     except Exception:
         out.append(r * grad * gamma)
-thread = tinymlp.autograd.threading.Thread(target=work)
+thread = tinymlp.grad_mode.threading.Thread(target=work)
 thread.start()
 thread.join()
 dx = out[0]
