@@ -53,7 +53,8 @@ from ..ops.norm import LayerNorm
 from ..ops.shape import GetItem, Patchify
 from . import compiled, memory  # noqa: F401  (memory: malloc keeps freed memory, set at import)
 from .activation import CompiledGELU, CudaGELU, FastGELU
-from .attention import CudaAttention, CudaSelfAttention, CudaSoftmax, FastAttention, FastSelfAttention, FastSoftmax
+from .attention import (CompiledAttention, CompiledSelfAttention, CompiledSoftmax, CudaAttention, CudaSelfAttention,
+                        CudaSoftmax, FastAttention, FastSelfAttention, FastSoftmax)
 from .dropout import CudaDropout
 from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating, FastToeplitz1d, FastToeplitz2d
 from .linear import FastLinear
@@ -72,9 +73,9 @@ TABLE = [
     (GetItem,                   FastGetItem,         None,                   FastGetItem),
     (GELU,                      FastGELU,            CompiledGELU,           CudaGELU),
     (LayerNorm,                 FastLayerNorm,       CompiledLayerNorm,      CudaLayerNorm),
-    (Softmax,                   FastSoftmax,         None,                   CudaSoftmax),
-    (Attention,                 FastAttention,       None,                   CudaAttention),
-    (SelfAttention,             FastSelfAttention,   None,                   CudaSelfAttention),
+    (Softmax,                   FastSoftmax,         CompiledSoftmax,        CudaSoftmax),
+    (Attention,                 FastAttention,       CompiledAttention,      CudaAttention),
+    (SelfAttention,             FastSelfAttention,   CompiledSelfAttention,  CudaSelfAttention),
     (SpatialGating,             FastSpatialGating,   CompiledSpatialGating,  CudaSpatialGating),
     (Dropout,                   None,                None,                   CudaDropout),
     (CrossEntropy,              None,                None,                   CudaCrossEntropy),

@@ -1,13 +1,19 @@
-"""Softmax and attention, fast: in-place steps; on CUDA the softmax backward as one kernel per row.
+"""Softmax and attention, fast: in-place steps, the output laid out like q; the softmax over the
+rows compiled on the CPU (numba) and one kernel per row on CUDA.
 
 Attention also skips the "any fully masked row?" bookkeeping on the CPU when the answer is no
-(reading that answer back would stall a GPU, so there the row mask is always applied).
+(reading that answer back would stall a GPU, so there the row mask is always applied). On the
+CPU its output is written in q's memory order: aMLP's q, k and v are thirds of a token-major
+projection, so the output is token-major too and the projection after it reads it, and sends
+its gradient back, without a transposed copy.
 
 The fast classes (``FastSoftmax``, ``FastAttention``, ``FastSelfAttention``) are array code for
-NumPy and CuPy alike; their CUDA subclasses differ in the softmax along the rows: the forward
-P = softmax(S / sqrt(d)) (``softmax_rows``, without a mask) and the backward
-dL/dS = P * (G - rowsum(G * P)) (``softmax_rows_backward``), each one kernel per row
-(``kernels/attention_cuda.py``).
+NumPy and CuPy alike. Their subclasses differ in the softmax steps only: the forward along the
+rows (``softmax_rows``: scale, mask, subtract the maximum, exp, normalise) and its backward,
+dL/dS = P * (dL/dP - rowsum(dL/dP * P)) (``softmax_rows_backward``). ``CompiledAttention`` (CPU,
+numba installed) runs both as one compiled pass per row, with a float32 exp that vectorises
+(``kernels/attention_numba.py``); ``CudaAttention`` runs each (the forward where there is no
+mask) as one kernel per row (``kernels/attention_cuda.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ import numpy as np
 from ..autograd import unbroadcast
 from ..backend import array_module
 from ..ops.attention import Attention, SelfAttention, Softmax, check_packed, check_shapes
-from . import cuda
-from .kernels import attention_cuda
+from . import compiled, cuda
+from .kernels import attention_cuda, attention_numba
 from .layout import inverse, memory_order
 
-__all__ = ["CudaAttention", "CudaSelfAttention", "CudaSoftmax", "FastAttention", "FastSelfAttention", "FastSoftmax"]
+__all__ = ["CompiledAttention", "CompiledSelfAttention", "CompiledSoftmax", "CudaAttention", "CudaSelfAttention",
+           "CudaSoftmax", "FastAttention", "FastSelfAttention", "FastSoftmax"]
 
 
 class FastSoftmax(Softmax):
@@ -67,60 +74,98 @@ class CudaSoftmax(FastSoftmax):
         return FastSoftmax.backward(ctx, grad)
 
 
+class CompiledSoftmax(FastSoftmax):
+    """``Softmax`` along the last axis as one compiled pass per row each way (numba)."""
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        if axis not in (-1, x.ndim - 1) or not compiled.applies(x):
+            return FastSoftmax.forward(ctx, x, axis)
+        p = np.array(x, order="C")
+        if not _compiled(attention_numba.softmax_rows, p):
+            return FastSoftmax.forward(ctx, x, axis)
+        ctx.save_for_backward(p)
+        ctx.axis = axis
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        if ctx.axis in (-1, p.ndim - 1) and grad.dtype == p.dtype:
+            dx = np.array(grad, order="C")
+            if _compiled(attention_numba.softmax_rows_backward, p, dx):
+                return dx
+        return FastSoftmax.backward(ctx, grad)
+
+
+def _compiled(kernel, *arrays):
+    """Run a softmax kernel; False where it does not take the arrays or failed (then the
+    caller's array code runs)."""
+    try:
+        return kernel(*arrays)
+    except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
+        compiled.fail(exc)
+        return False
+
+
 class FastAttention(Attention):
     """``Attention`` with in-place steps (see the module docstring)."""
 
     @staticmethod
-    def softmax_rows_backward(p, ds):
-        """dL/dS = P * (dL/dP - rowsum(dL/dP * P)), written into ``ds`` (dL/dP)."""
-        ds -= array_module(ds).einsum("...nm,...nm->...n", ds, p)[..., None]
-        ds *= p
-        return ds
-
-    @staticmethod
-    def softmax_rows(s, scale):
-        """P = softmax(scale * S) along the rows, into ``s`` (no mask)."""
+    def softmax_rows(s, scale, allowed):
+        """P = softmax(scale * S) along the rows, S := -big where not ``allowed``; S's memory is P's."""
         xp = array_module(s)
         s *= scale
+        if allowed is not None:
+            s = xp.where(allowed, s, xp.finfo(s.dtype).min / 2)
         s -= s.max(axis=-1, keepdims=True)
         p = xp.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
         return p
+
+    @staticmethod
+    def softmax_rows_backward(p, ds, scale):
+        """dL/dS = P * (dL/dP - rowsum(dL/dP * P)), times ``scale``, written into ``ds`` (dL/dP)."""
+        ds -= array_module(ds).einsum("...nm,...nm->...n", ds, p)[..., None]
+        ds *= p
+        ds *= scale
+        return ds
 
     @classmethod
     def forward(cls, ctx, q, k, v, mask=None, causal=False):
         xp = array_module(q)
         check_shapes(q, k, v, mask)
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
-        scale = 1.0 / math.sqrt(d)
         s = q @ k.swapaxes(-1, -2)
-        if mask is None and not causal:
-            p = cls.softmax_rows(s, scale)
-            ctx.save_for_backward(q, k, v, p)
-            ctx.empty_rows = None
-            return p @ v
-        s *= scale
         allowed = mask
         if causal:
             lower = xp.tri(n, m, dtype=bool)
             allowed = lower if allowed is None else allowed & lower
         empty_rows = None
         if allowed is not None:
-            s = xp.where(allowed, s, xp.finfo(s.dtype).min / 2)
             empty_rows = ~allowed.any(axis=-1, keepdims=True)
             if xp is np and not empty_rows.any():
                 empty_rows = None
-        s -= s.max(axis=-1, keepdims=True)
-        p = xp.exp(s, out=s)
-        p /= p.sum(axis=-1, keepdims=True)
+        p = cls.softmax_rows(s, 1.0 / math.sqrt(d), allowed)
         ctx.save_for_backward(q, k, v, p)
         ctx.empty_rows = empty_rows
-        return p @ v
+        if xp is not np:
+            return p @ v
+        return np.matmul(p, v, out=_laid_out_like(q, p.shape[:-1] + (v.shape[-1],), p.dtype))
 
     @classmethod
     def backward(cls, ctx, grad):
         return _attention_backward(ctx, grad, *ctx.needs_input_grad[:3],
                                    softmax_rows_backward=cls.softmax_rows_backward)
+
+
+def _laid_out_like(q, shape, dtype):
+    """A new array of ``shape`` in q's memory order (the last axis last), or in C order where
+    the shapes differ (broadcast batch axes) or q's rows are not contiguous."""
+    order = memory_order(q)
+    if q.shape[:-1] != shape[:-1] or order[-1] != q.ndim - 1:
+        return np.empty(shape, dtype=dtype)
+    return np.empty(tuple(shape[i] for i in order), dtype=dtype).transpose(inverse(order))
 
 
 def _attention_backward(ctx, grad, need_q, need_k, need_v, softmax_rows_backward, out=None):
@@ -136,30 +181,52 @@ def _attention_backward(ctx, grad, need_q, need_k, need_v, softmax_rows_backward
     dv = product(p.swapaxes(-1, -2), grad, v.shape, 2) if need_v else None
     dq = dk = None
     if need_q or need_k:
-        ds = grad @ v.swapaxes(-1, -2)   # dL/dP
-        ds = softmax_rows_backward(p, ds)   # dL/dS
+        ds = grad @ v.swapaxes(-1, -2)                  # dL/dP
+        ds = softmax_rows_backward(p, ds, scale)        # dL/dS, times the scale of S
         if ctx.empty_rows is not None:
             ds = xp.where(ctx.empty_rows, 0, ds)
-        ds *= scale
         dq = product(ds, k, q.shape, 0) if need_q else None
         dk = product(ds.swapaxes(-1, -2), q, k.shape, 1) if need_k else None
     return dq, dk, dv
 
 
+class CompiledAttention(FastAttention):
+    """``Attention`` with the softmax steps compiled (numba), where the kernels take the arrays."""
+
+    @staticmethod
+    def softmax_rows(s, scale, allowed):
+        if allowed is not None and compiled.applies(s):
+            s *= scale
+            s = np.where(allowed, s, np.finfo(s.dtype).min / 2)
+            scale = 1.0
+        if _compiled(attention_numba.softmax_rows, s, scale):
+            return s
+        return FastAttention.softmax_rows(s, scale, allowed)
+
+    @staticmethod
+    def softmax_rows_backward(p, ds, scale):
+        if _compiled(attention_numba.softmax_rows_backward, p, ds, scale):
+            return ds
+        return FastAttention.softmax_rows_backward(p, ds, scale)
+
+
 class CudaAttention(FastAttention):
-    """``Attention`` on CUDA: the softmax (with its scale) and its backward one kernel per row."""
+    """``Attention`` on CUDA: the softmax (with its scale, without a mask) and its backward one
+    kernel per row."""
 
     @staticmethod
-    def softmax_rows(s, scale):
-        if s.flags.c_contiguous and cuda.applies(s):
+    def softmax_rows(s, scale, allowed):
+        if allowed is None and s.flags.c_contiguous and cuda.applies(s):
             return attention_cuda.softmax_forward(s, scale)
-        return FastAttention.softmax_rows(s, scale)
+        return FastAttention.softmax_rows(s, scale, allowed)
 
     @staticmethod
-    def softmax_rows_backward(p, ds):
+    def softmax_rows_backward(p, ds, scale):
         if ds.shape == p.shape and cuda.applies(p, ds):
-            return attention_cuda.softmax_backward(p, ds, out=ds)
-        return FastAttention.softmax_rows_backward(p, ds)
+            ds = attention_cuda.softmax_backward(p, ds, out=ds)
+            ds *= scale
+            return ds
+        return FastAttention.softmax_rows_backward(p, ds, scale)
 
 
 class FastSelfAttention(SelfAttention):
@@ -183,6 +250,12 @@ class FastSelfAttention(SelfAttention):
         _attention_backward(ctx, grad, True, True, True, softmax_rows_backward=cls.attention.softmax_rows_backward,
                             out=(out[..., :d], out[..., d:2 * d], out[..., 2 * d:]))
         return out
+
+
+class CompiledSelfAttention(FastSelfAttention):
+    """``SelfAttention`` through ``CompiledAttention``."""
+
+    attention = CompiledAttention
 
 
 class CudaSelfAttention(FastSelfAttention):

@@ -37,8 +37,8 @@ import warnings
 
 import numpy as np
 
-__all__ = ["PARALLEL_MIN", "applies", "available", "describe", "fail", "inline", "is_enabled", "jit", "kernel",
-           "prange", "set_enabled", "set_threads", "threads"]
+__all__ = ["PARALLEL_MIN", "applies", "available", "describe", "fail", "float32_from_bits", "inline", "is_enabled",
+           "jit", "kernel", "prange", "set_enabled", "set_threads", "threads"]
 
 PARALLEL_MIN = 1 << 18
 """Arrays with fewer elements run the serial kernel: waking the threads costs more than it gains."""
@@ -48,6 +48,12 @@ _state = {"enabled": False, "error": None, "cache": None, "numba": None}
 
 prange = range
 """``numba.prange`` once numba is imported: the loop that ``parallel=True`` splits over the cores."""
+
+
+def float32_from_bits(bits):
+    """The float32 whose bit pattern is the int32 ``bits`` (``(e + 127) << 23`` is 2^e); inside
+    the kernels a numba intrinsic (one ``bitcast``, which vectorises)."""
+    return np.int32(bits).view(np.float32)
 
 
 def _off_by_environment():
@@ -178,8 +184,21 @@ def describe():
             f"serial below {PARALLEL_MIN} elements; {cache}")
 
 
+def _bitcast_intrinsic(numba):
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def float32_from_bits(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+        return numba.types.float32(numba.types.int32), codegen
+
+    return float32_from_bits
+
+
 def _setup():
-    global prange
+    global prange, float32_from_bits
     try:
         import numba
     except ImportError:
@@ -191,6 +210,7 @@ def _setup():
         if _state["cache"] is not None and "NUMBA_CACHE_DIR" not in os.environ:
             numba.config.CACHE_DIR = _state["cache"]
         prange = numba.prange
+        float32_from_bits = _bitcast_intrinsic(numba)
     except Exception as exc:  # noqa: BLE001 - an unusual numba: the NumPy fast path
         _state["error"] = f"{type(exc).__name__}: {exc}"
         return
