@@ -26,7 +26,7 @@ How it times, and why (measured: see the README's benchmark section):
 More runs: ``fast-nonumba`` (the NumPy fast path even where numba is installed: TINYMLP_NUMBA=0
 in solo mode, ``tinymlp.fast.compiled`` switched off around the step otherwise) and, in solo
 mode only, ``fast-heap`` / ``fast-nonumba-heap`` (TINYMLP_KEEP_MEMORY=0: freed memory goes back
-to the OS as glibc decides by default, as before issue 17).
+to the OS as glibc decides by default).
 
 Printed first: the CPU model, NumPy's BLAS and its kernel, the thread counts of both
 frameworks, the numba state of tinymlp's compiled kernels, the malloc setting, and the load
@@ -65,7 +65,7 @@ import tinymlp
 import tinymlp.functional as F
 from tinymlp import fast
 from tinymlp.models import create
-from tinymlp.ops.attention import Attention
+from tinymlp.ops.attention import Attention, SelfAttention
 from tinymlp.ops.gating import SpatialGating
 from tinymlp.ops.linear import Linear
 from tinymlp.ops.matmul import MatMul
@@ -250,17 +250,25 @@ def torch_step(torch, model, optimizer, x, y):
 
 # ----------------------------------------------------------------------------- the matmul floor
 @contextlib.contextmanager
-def recording_gemms(gemms):
+def recording_gemms(gemms, labels=None):
     """Record every matrix product of a reference-tier step as (batch, M, K, N): the forward
     product, and the backward products of the inputs that need a gradient (C = A B: dA = G B^T,
-    dB = A^T G). The fast tier runs the same products (fewer, larger ones for token mixing)."""
+    dB = A^T G). The fast tier runs the same products (fewer, larger ones for token mixing).
+    ``labels``, if given, receives the op and pass of each product ("Linear fwd", "Linear bwd")."""
+    ops = []     # the ops being recorded, outermost first: a nested op's forward product is its own, its
+                 # backward products the outer op's (SelfAttention runs Attention's forward, not its backward)
+
+    def record(label, shape):
+        gemms.append(shape)
+        if labels is not None:
+            labels.append(f"{ops[-1] if label == 'fwd' else ops[0]} {label}")
 
     def product(batch, m, k, n, need_a, need_b):
-        gemms.append((batch, m, k, n))
+        record("fwd", (batch, m, k, n))
         if need_a:
-            gemms.append((batch, m, n, k))
+            record("bwd", (batch, m, n, k))
         if need_b:
-            gemms.append((batch, k, m, n))
+            record("bwd", (batch, k, m, n))
 
     def linear(ctx, x, weight, bias=None, **kw):
         product(1, x.size // weight.shape[0], weight.shape[0], weight.shape[1], *ctx.needs_input_grad[:2])
@@ -283,18 +291,23 @@ def recording_gemms(gemms):
         batch = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) if a.ndim > 2 or b.ndim > 2 else 1
         product(batch, m, k, n, *ctx.needs_input_grad[:2])
 
-    patched = [(Linear, linear), (SpatialGating, spatial_gating), (Attention, attention), (MatMul, matmul)]
+    patched = [(Linear, linear), (SpatialGating, spatial_gating), (Attention, attention), (MatMul, matmul),
+               (SelfAttention, lambda *a, **kw: None)]
     originals = [(fn, fn.__dict__["forward"]) for fn, _ in patched]
 
-    def wrap(forward, record):
+    def wrap(fn, forward, shapes):
         def recorded(ctx, *args, **kwargs):
-            record(ctx, *args, **kwargs)
-            return forward(ctx, *args, **kwargs)
+            ops.append(fn.__name__)
+            try:
+                shapes(ctx, *args, **kwargs)
+                return forward(ctx, *args, **kwargs)
+            finally:
+                ops.pop()
         return staticmethod(recorded)
 
     try:
-        for fn, record in patched:
-            fn.forward = wrap(fn.forward, record)
+        for fn, shapes in patched:
+            fn.forward = wrap(fn, fn.forward, shapes)
         with fast.disabled():
             yield gemms
     finally:
@@ -303,11 +316,13 @@ def recording_gemms(gemms):
 
 
 class MatmulFloor:
-    """The recorded GEMMs, run alone on preallocated contiguous float32 operands."""
+    """The recorded GEMMs, run alone on preallocated contiguous float32 operands; ``labels``
+    (one per GEMM: the op and pass that ran it) lets ``by_label`` time them op by op."""
 
-    def __init__(self, gemms):
+    def __init__(self, gemms, labels=None):
         rng = np.random.default_rng(0)
         self.gemms = gemms
+        self.labels = labels
         self.operands = {}
         for shape in set(gemms):
             batch, m, k, n = shape
@@ -317,10 +332,27 @@ class MatmulFloor:
                                     np.empty(lead + (m, n), dtype=np.float32))
         self.flops = sum(2 * b * m * k * n for b, m, k, n in gemms)
 
-    def run(self):
-        for shape in self.gemms:
-            a, b, out = self.operands[shape]
-            np.matmul(a, b, out=out)
+    def run(self, only=None):
+        for i, shape in enumerate(self.gemms):
+            if only is None or self.labels[i] == only:
+                a, b, out = self.operands[shape]
+                np.matmul(a, b, out=out)
+
+    def by_label(self, steps, gap):
+        """``{label: median ms}`` of each op's products (in the order the step runs them), each
+        timed alone ``steps`` times after an idle gap: the floor of that op."""
+        out = {}
+        for label in dict.fromkeys(self.labels or ()):
+            self.run(label)
+            times = []
+            for _ in range(steps):
+                if gap:
+                    time.sleep(gap)
+                start = time.perf_counter()
+                self.run(label)
+                times.append(time.perf_counter() - start)
+            out[label] = 1e3 * statistics.median(times)
+        return out
 
     def torch_run(self, torch):
         """The same products on the same operands (shared memory), through PyTorch's BLAS."""
@@ -412,11 +444,11 @@ def build(name, runs, batch, quick, torch, seed=0):
         tx, ty = torch.from_numpy(images), torch.from_numpy(labels)
         steps["torch"] = lambda: torch_step(torch, twin, t_opt, tx, ty)
     if any(r in runs for r in FLOORS):
-        gemms = []
-        with recording_gemms(gemms):
+        gemms, ops = [], []
+        with recording_gemms(gemms, ops):
             rec_model = create(preset, **overrides)
             tinymlp_step(rec_model, AdamW(rec_model.parameters(), lr=LR), tinymlp.tensor(images), labels)
-        floor = MatmulFloor(gemms)
+        floor = MatmulFloor(gemms, ops)
         if "matmul" in runs:
             steps["matmul"] = floor.run
         if "torch-matmul" in runs and torch is not None:
@@ -462,7 +494,8 @@ def bench_model(name, runs, args, torch):
     if floor is not None:
         result["gflop"] = floor.flops / 1e9
     if args.profile and profiled is not None:
-        result["profile"] = profile(*profiled, n, args.gap).table(result["ms"].get("matmul"))
+        floors = floor.by_label(n, args.gap) if floor is not None else None
+        result["profile"] = profile(*profiled, n, args.gap).table(result["ms"].get("matmul"), floors)
     if args.memory:
         for k in timed:
             if k in ("fast", "reference", "fast-nonumba"):
@@ -540,6 +573,9 @@ def print_table(results, runs, batch):
         head += " " + " ".join(f"{r + '/torch':>14s}" for r in tiers if r != "torch")
     if "matmul" in runs and "fast" in runs:
         head += f" {'matmul share':>12s}"
+    own = all(r in runs for r in ("fast", "torch", *FLOORS))
+    if own:
+        head += f" {'own/torch':>10s}"
     print(head)
     print("-" * len(head))
     for res in results:
@@ -551,10 +587,15 @@ def print_table(results, runs, batch):
                                    for r in tiers if r != "torch")
         if "matmul" in runs and "fast" in runs:
             line += f" {_f(ms['matmul'] / ms['fast'] if 'matmul' in ms else None, '12.2f')}"
+        if own:
+            line += f" {_f(own_work_ratio(ms), '10.2f')}"
         print(line)
     print()
     print("ms = median milliseconds per training step; X/torch = X ms / torch ms (below 1: faster than "
           "PyTorch eager); matmul = the step's matrix products alone, matmul share = matmul ms / fast ms")
+    if own:
+        print("own/torch = tinymlp's own work / PyTorch's: (fast - matmul) / (torch - torch-matmul), the step "
+              "less its matrix products in each framework (a difference of differences: compare medians of rounds)")
     print(f"fast = tinymlp's fast tier (the default); reference = tinymlp.fast.disabled(); batch {batch}")
     print()
     if all(r in runs for r in ("fast", "torch", *FLOORS)):
@@ -588,6 +629,13 @@ def gap_split(ms):
     products = ms["matmul"] - ms["torch-matmul"]
     rest = (ms["fast"] - ms["matmul"]) - (ms["torch"] - ms["torch-matmul"])
     return products, rest
+
+
+def own_work_ratio(ms):
+    """(fast - matmul) / (torch - torch-matmul): tinymlp's non-matmul time over PyTorch's, or None."""
+    if not all(k in ms for k in ("fast", "torch", *FLOORS)) or ms["torch"] <= ms["torch-matmul"]:
+        return None
+    return (ms["fast"] - ms["matmul"]) / (ms["torch"] - ms["torch-matmul"])
 
 
 def print_gap(results):

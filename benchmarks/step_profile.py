@@ -20,6 +20,15 @@ from tinymlp.autograd import Function
 from tinymlp.optim import Optimizer
 
 
+def op_name(cls):
+    """The name of the reference op a Function class implements (``FastLayerNorm`` -> ``LayerNorm``):
+    the first class of its MRO defined in tinymlp.ops, else its own name."""
+    for c in cls.__mro__:
+        if c.__module__.startswith("tinymlp.ops"):
+            return c.__name__
+    return cls.__name__
+
+
 def _functions():
     """Every Function subclass with its own forward or backward (reference and fast tier)."""
     seen, todo = [], [Function]
@@ -66,7 +75,7 @@ class StepProfile:
         """Install the timing wrappers (and take them out again)."""
         saved = []
         for cls in _functions():
-            name = getattr(cls, "reference", cls).__name__
+            name = op_name(cls)
             for method, what in (("forward", "fwd"), ("backward", "bwd")):
                 if method in cls.__dict__:
                     original = cls.__dict__[method]
@@ -104,14 +113,23 @@ class StepProfile:
         labels = {label for step in self.steps for label in step}
         return {label: statistics.median(step.get(label, 0.0) for step in self.steps) for label in labels}
 
-    def table(self, floor_ms=None, top=14):
-        """Lines: each label's median ms per step and its share of the step, largest first."""
+    def table(self, floor_ms=None, floors=None, top=14):
+        """Lines: each label's median ms per step and its share of the step, largest first; with
+        ``floors`` ({label: ms of that op's matrix products run alone}) also the products and the
+        rest (the op's own work: its time less its products)."""
         med = self.medians()
         step = med.pop("step")
         rows = sorted(med.items(), key=lambda kv: -kv[1])
-        lines = [f"    {'':34s} {'ms':>8s} {'share':>7s}"]
+        floors = floors or {}
+        head = f"    {'':34s} {'ms':>8s} {'share':>7s}"
+        if floors:
+            head += f" {'products':>9s} {'rest':>8s}"
+        lines = [head]
         for label, sec in rows[:top]:
-            lines.append(f"    {label:34s} {1e3 * sec:8.1f} {100 * sec / step:6.1f}%")
+            line = f"    {label:34s} {1e3 * sec:8.1f} {100 * sec / step:6.1f}%"
+            if label in floors:
+                line += f" {floors[label]:9.1f} {1e3 * sec - floors[label]:8.1f}"
+            lines.append(line)
         rest = sum(sec for _, sec in rows[top:])
         if rest:
             lines.append(f"    {'(' + str(len(rows) - top) + ' more)':34s} {1e3 * rest:8.1f} {100 * rest / step:6.1f}%")
@@ -121,4 +139,7 @@ class StepProfile:
                          f"{100 * floor_ms / (1e3 * step):6.1f}%"
                          f"   -> everything else {1e3 * step - floor_ms:.1f} ms, "
                          f"{100 * (1 - floor_ms / (1e3 * step)):.0f}% of the step")
+        if floors:
+            lines.append("    products = that op's matrix products run alone (contiguous operands, same gap); "
+                         "rest = ms - products: the op's own work")
         return lines

@@ -73,6 +73,9 @@ def test_cpu_step_splits_the_gap_to_pytorch_into_products_and_the_rest():
     assert products == 70.0 and rest == (650.0 - 440.0) - (570.0 - 370.0)
     assert products + rest == ms["fast"] - ms["torch"]
     assert cpu_step.gap_split({k: v for k, v in ms.items() if k != "torch-matmul"}) is None
+    assert cpu_step.own_work_ratio(ms) == (650.0 - 440.0) / (570.0 - 370.0)
+    assert cpu_step.own_work_ratio({k: v for k, v in ms.items() if k != "matmul"}) is None
+    assert cpu_step.own_work_ratio({**ms, "torch-matmul": 600.0}) is None    # no own time to divide by
 
     out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "mixer_mnist",
                           "--runs", "fast,torch,matmul,torch-matmul"], capture_output=True, text=True,
