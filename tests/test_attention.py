@@ -149,12 +149,14 @@ def test_attention_gradcheck(lead, n, m, d, dv, option, seed, device):
     [
         ((2, 3, 4, 2), (1, 3, 5, 2), (5, 3), (4, 5)),  # k shared over the batch, v and mask over all
         ((4, 2), (5, 2), (2, 5, 3), (2, 4, 5)),        # only v and the mask carry batch axes
+        ((4, 2), (5, 2), (2, 5, 3), None),             # only v: the output takes v's batch axes
+        ((1, 4, 2), (3, 5, 2), (2, 1, 5, 3), None),    # every input some of them
     ],
 )
 def test_attention_gradcheck_with_broadcast_batch_axes(q_shape, k_shape, v_shape, mask_shape):
     rng = np.random.default_rng(3)
     q, k, v = (leaf(rng.normal(size=s)) for s in (q_shape, k_shape, v_shape))
-    mask = rng.random(mask_shape) > 0.3
+    mask = rng.random(mask_shape) > 0.3 if mask_shape is not None else None
     gradcheck(F.attention, (q, k, v), kwargs={"mask": mask})
 
 

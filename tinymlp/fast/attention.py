@@ -151,7 +151,8 @@ class FastAttention(Attention):
         ctx.empty_rows = empty_rows
         if xp is not np:
             return p @ v
-        return np.matmul(p, v, out=_laid_out_like(q, p.shape[:-1] + (v.shape[-1],), p.dtype))
+        shape = np.broadcast_shapes(p.shape[:-2], v.shape[:-2]) + (n, v.shape[-1])   # v may add batch axes
+        return np.matmul(p, v, out=_laid_out_like(q, shape, p.dtype))
 
     @classmethod
     def backward(cls, ctx, grad):

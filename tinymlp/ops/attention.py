@@ -4,8 +4,8 @@ Stability: softmax is invariant to adding a constant to a row, so every row has 
 subtracted before ``exp``: the largest exponent is then exp(0) = 1 and nothing overflows, even
 for logits of 1e4.
 
-Fast tier: ``tinymlp/fast/attention.py`` (in-place steps; the softmax backward as one kernel
-per row on CUDA).
+Fast tier: ``tinymlp/fast/attention.py`` (in-place steps; the row softmax and its backward as
+one compiled pass per row on the CPU with numba, one kernel per row on CUDA).
 """
 
 from __future__ import annotations
