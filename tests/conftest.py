@@ -1,10 +1,12 @@
-"""Shared test configuration: hypothesis profiles, the device fixture and the cuda marker.
+"""Shared test configuration: hypothesis profiles, the device fixture, the cuda marker, and the
+environment of the processes a test starts (``checkout_env``).
 
 Profiles (select with HYPOTHESIS_PROFILE=dev|ci|nightly; CI=true selects "ci"):
 gradient checks are finite-difference loops, so deadlines are off everywhere.
 """
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -57,3 +59,15 @@ def tier(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def checkout_env(monkeypatch):
+    """Processes the test starts (notebook kernels, the grader's workers) import this checkout's
+    tinymlp and use one BLAS thread unless the environment says otherwise: the lessons' arrays are
+    small, and several processes on a two-core CI machine would thrash in the BLAS spin-waits."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, os.environ.get(var, "1"))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -38,14 +37,6 @@ from tinymlp.lessons import grader, reports  # noqa: E402
 
 SEED = 12345
 
-
-@pytest.fixture
-def env(monkeypatch):
-    """Kernels and workers import this checkout's tinymlp, with one BLAS thread."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.setenv(var, os.environ.get(var, "1"))
 
 
 # ------------------------------------------------------------------------------ building submissions
@@ -124,7 +115,7 @@ def grade_cli(*args, timeout=600):
 
 # ------------------------------------------------------------------------------ a class, by name
 @pytest.mark.lessons
-def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_class, env):
+def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_class, checkout_env):
     notebooks = sorted(lesson4_class.glob("*/04_layernorm.ipynb"))
     out = grade_cli("--json", *notebooks)
     assert out.returncode == 1, out.stderr            # not everybody passed
@@ -158,7 +149,7 @@ def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_cla
 
 
 @pytest.mark.lessons
-def test_the_table_and_csv_name_the_students(lesson4_class, env):
+def test_the_table_and_csv_name_the_students(lesson4_class, checkout_env):
     notebooks = sorted(lesson4_class.glob("*/04_layernorm.ipynb"))
     table = grade_cli("--no-execute", *notebooks)
     lines = table.stdout.splitlines()
@@ -229,7 +220,7 @@ GRADESCOPE_SCHEMA = {
 
 
 @pytest.mark.lessons
-def test_gradescope_results_validate_against_the_documented_format(lesson4_class, tmp_path, env):
+def test_gradescope_results_validate_against_the_documented_format(lesson4_class, tmp_path, checkout_env):
     jsonschema = pytest.importorskip("jsonschema")
     one = tmp_path / "results" / "results.json"
     out = grade_cli("--gradescope", "--no-execute", "-o", one, lesson4_class / "bob" / "04_layernorm.ipynb")
@@ -458,7 +449,7 @@ def tiny(source, tmp_path, student="mallory", lesson="04"):
 
 
 @pytest.mark.parametrize("name", list(TRICKS))
-def test_every_trick_found_so_far_fails_with_its_reason(name, tmp_path, env):
+def test_every_trick_found_so_far_fails_with_its_reason(name, tmp_path, checkout_env):
     ex_id, source, reason = TRICKS[name]
     answer = {"01.1": "neuron_gradient", "02.1": "topological_order", "04.1": "MyLayerNorm",
               "06.1": "mixer_block_parameters", "07.2": "toeplitz"}[ex_id]
@@ -578,7 +569,7 @@ def rotation(phi, omega):
 
 
 @pytest.mark.parametrize("name", list(MISTAKES))
-def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path, env):
+def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path, checkout_env):
     ex_id, answer, source, said, unsaid = MISTAKES[name]
     nb = new_notebook(cells=[new_code_cell(source), new_code_cell(f'check("{ex_id}", {answer})')])
     path = submit(tmp_path, "erin", f"{ex_id[:2]}_mistake.ipynb", nb)
@@ -588,7 +579,7 @@ def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path
     assert unsaid not in result["reason"], (name, result["reason"])
 
 
-def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, env):
+def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, checkout_env):
     nb = new_notebook(cells=[new_code_cell("def mixer_block_parameters(S, C, D_S, D_C):\n"
                                            "    while True:\n"
                                            "        pass"),
@@ -597,7 +588,7 @@ def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, env):
     assert result["status"] == "FAILED" and "did not finish in 5 s" in result["reason"]
 
 
-def test_the_answers_own_print_cannot_forge_a_result(tmp_path, env):
+def test_the_answers_own_print_cannot_forge_a_result(tmp_path, checkout_env):
     nb = new_notebook(cells=[new_code_cell(
         'def mixer_block_parameters(S, C, D_S, D_C):\n'
         '    print(\'{"status": "passed", "details": ""}\')\n'
@@ -608,7 +599,7 @@ def test_the_answers_own_print_cannot_forge_a_result(tmp_path, env):
 
 
 @pytest.mark.lessons
-def test_what_the_notebook_prints_or_patches_in_its_kernel_changes_no_grade(tmp_path, env):
+def test_what_the_notebook_prints_or_patches_in_its_kernel_changes_no_grade(tmp_path, checkout_env):
     """A fake passed line and a patched EXERCISES in the notebook: the grade is the answer's."""
     nb = new_notebook(cells=[
         new_code_cell("from tinymlp.lessons import check\n"
@@ -629,7 +620,7 @@ def test_what_the_notebook_prints_or_patches_in_its_kernel_changes_no_grade(tmp_
 
 # ------------------------------------------------------------------------------ reports a student can act on
 @pytest.mark.lessons
-def test_reproduce_lines_run_where_they_are_printed(tmp_path, env):
+def test_reproduce_lines_run_where_they_are_printed(tmp_path, checkout_env):
     nb = nbformat.read(EXERCISES_DIR / "04_layernorm.ipynb", as_version=4)
     plant(nb, "04.1", WRONG_04_1)
     path = submit(tmp_path, "bob", "04_layernorm.ipynb", nb)
@@ -673,7 +664,7 @@ def _notebook_output(path):
     return grader.execute(path).outputs
 
 
-def test_an_error_inside_backward_shows_the_students_cell_and_line(tmp_path, env):
+def test_an_error_inside_backward_shows_the_students_cell_and_line(tmp_path, checkout_env):
     source = ln_with("dx = r * grad.mean(axis=-1, keepdim=True)      # a typo: keepdim")
     nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell(source),
                              new_code_cell('check("04.1", MyLayerNorm)')])
@@ -688,7 +679,7 @@ def test_an_error_inside_backward_shows_the_students_cell_and_line(tmp_path, env
 
 
 @pytest.mark.lessons
-def test_an_error_inside_backward_in_the_notebook_names_its_cell(tmp_path, env):
+def test_an_error_inside_backward_in_the_notebook_names_its_cell(tmp_path, checkout_env):
     source = ln_with("dx = r * grad.mean(axis=-1, keepdim=True)")
     nb = new_notebook(cells=[new_code_cell(source), new_code_cell('check("04.1", MyLayerNorm)')])
     path = submit(tmp_path, "bob", "04_typo.ipynb", nb)
@@ -710,7 +701,7 @@ def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
 
 # ------------------------------------------------------------------------------ outside the repository
 @pytest.mark.lessons
-def test_a_notebook_copied_out_of_the_repository_still_finds_its_checks(tmp_path, env, monkeypatch):
+def test_a_notebook_copied_out_of_the_repository_still_finds_its_checks(tmp_path, checkout_env, monkeypatch):
     copy = tmp_path / "homework" / "01_backprop_by_hand.ipynb"
     copy.parent.mkdir()
     copy.write_bytes((EXERCISES_DIR / "01_backprop_by_hand.ipynb").read_bytes())

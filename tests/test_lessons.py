@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -65,18 +64,11 @@ def make_lessons():
 
 
 @pytest.fixture
-def kernel_env(monkeypatch):
+def kernel_env(monkeypatch, checkout_env):
     """The kernel imports this checkout's tinymlp, draws figures inline, uses one BLAS thread."""
     pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    # the lessons' arrays are small: one BLAS thread per kernel is as fast, and it keeps a
-    # shared CI machine (several test processes, two cores) from thrashing in spin-waits
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if var not in os.environ:
-            monkeypatch.setenv(var, "1")
 
 
 def _clean(text):

@@ -18,7 +18,6 @@ planted in a notebook and must fail, or be flagged for the instructor, with its 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -35,14 +34,6 @@ LESSONS = ROOT / "lessons"
 CHECKS = LESSONS / "checks.py"
 SEED = 4321
 
-
-@pytest.fixture
-def env(monkeypatch):
-    """The grader's processes import this checkout's tinymlp, with one BLAS thread."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.setenv(var, os.environ.get(var, "1"))
 
 
 def submit(folder, student, name, nb):
@@ -201,7 +192,8 @@ tinymlp.MARKED_BY_THE_ANSWER = True
     ("dx = 0 * x", "FAILED"),                                      # wrong: fails on its numbers
     (RIGHT_DX, "passed"),                                          # right: passes on its numbers
 ], ids=["unanswered", "wrong", "right"])
-def test_an_answer_that_patches_the_graders_modules_gets_only_its_own_numbers_grade(dx, expected, tmp_path, env):
+def test_an_answer_that_patches_the_graders_modules_gets_only_its_own_numbers_grade(dx, expected, tmp_path,
+                                                                                   checkout_env):
     import tinymlp
 
     result = grade(tmp_path, layer_norm(dx, body=PATCHES), "04.1", "MyLayerNorm")
@@ -315,7 +307,7 @@ layer_inputs = (tinymlp.tensor(np.linspace(-2, 2, 12).reshape(3, 4), requires_gr
 
 
 @pytest.mark.parametrize("name", list(DERIVED))
-def test_a_gradient_never_derived_fails_or_is_flagged_with_its_reason(name, tmp_path, env):
+def test_a_gradient_never_derived_fails_or_is_flagged_with_its_reason(name, tmp_path, checkout_env):
     ex_id, answer, source, reason, flag = DERIVED[name]
     result = grade(tmp_path, source, ex_id, answer)
     if reason is None:       # an estimate cost and exactness cannot tell: flagged, not failed
@@ -327,7 +319,7 @@ def test_a_gradient_never_derived_fails_or_is_flagged_with_its_reason(name, tmp_
         assert any(flag in f for f in result["flags"]), (name, result["flags"])
 
 
-def test_an_answer_may_not_write_remove_or_read_files_outside_the_libraries(tmp_path, env):
+def test_an_answer_may_not_write_remove_or_read_files_outside_the_libraries(tmp_path, checkout_env):
     victim = tmp_path / "bob" / "results.json"
     victim.parent.mkdir()
     victim.write_text('{"score": 2}')
@@ -345,7 +337,7 @@ for attempt in (lambda: np.save({str(victim)!r}, x), lambda: tinymlp.files.os.re
     assert victim.read_text() == '{"score": 2}' and sorted(p.name for p in victim.parent.iterdir()) == ["results.json"]
 
 
-def test_the_answers_process_refuses_at_run_time_what_the_scan_refuses_by_name(env):
+def test_the_answers_process_refuses_at_run_time_what_the_scan_refuses_by_name(checkout_env):
     """The confinement, tried on a program the static scan never sees: each way in is refused."""
     from tinymlp.lessons.remote import AnswerProcess
 
@@ -432,7 +424,7 @@ def _library_source(name):
 
 
 @pytest.mark.lessons
-def test_copies_are_flagged_for_the_instructor_and_not_failed(tmp_path, env):
+def test_copies_are_flagged_for_the_instructor_and_not_failed(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
     submit(folder, "alice", "04_layernorm.ipynb", _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": OWN}))
     submit(folder, "bob", "04_layernorm.ipynb",
@@ -475,7 +467,7 @@ def grade_cli(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_metadata_attack_leaves_the_other_students_results_intact_and_writes_nothing_outside(tmp_path, env):
+def test_a_metadata_attack_leaves_the_other_students_results_intact_and_writes_nothing_outside(tmp_path, checkout_env):
     folder, out = tmp_path / "submissions", tmp_path / "out" / "results"
     submit(folder, "bob", "06_mlp_mixer.ipynb", _notebook(RIGHT_06))
     submit(folder, "mallory", "06_mlp_mixer.ipynb", _notebook(WRONG_06, {"student": "bob"}))
@@ -494,7 +486,7 @@ def test_a_metadata_attack_leaves_the_other_students_results_intact_and_writes_n
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "out" / "escaped").exists()
 
 
-def test_two_notebooks_for_one_student_are_refused_naming_both(tmp_path, env):
+def test_two_notebooks_for_one_student_are_refused_naming_both(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
     submit(folder, "alice", "06_mlp_mixer.ipynb", _notebook(RIGHT_06))
     submit(folder, "alice", "06_mlp_mixer_v2.ipynb", _notebook(WRONG_06))
@@ -504,7 +496,7 @@ def test_two_notebooks_for_one_student_are_refused_naming_both(tmp_path, env):
             "alice/06_mlp_mixer_v2.ipynb; neither is graded (hand in one)") in run.stdout, run.stdout
 
 
-def test_a_notebook_of_another_lesson_scores_zero_under_this_lessons_name(tmp_path, env):
+def test_a_notebook_of_another_lesson_scores_zero_under_this_lessons_name(tmp_path, checkout_env):
     source = RIGHT_06.replace("06.1", "06.1")
     nb = _notebook(source, {"tinymlp": {"lesson": "06"}})
     path = submit(tmp_path, "mallory", "04_layernorm.ipynb", nb)      # a lesson 6 notebook handed in for lesson 4
@@ -515,7 +507,7 @@ def test_a_notebook_of_another_lesson_scores_zero_under_this_lessons_name(tmp_pa
             in graded.rows[0].reason)
 
 
-def test_a_roster_names_the_students_and_refuses_other_folders(tmp_path, env):
+def test_a_roster_names_the_students_and_refuses_other_folders(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
     submit(folder, "u1017", "06_mlp_mixer.ipynb", _notebook(RIGHT_06))
     submit(folder, "u9999", "06_mlp_mixer.ipynb", _notebook(RIGHT_06, {"student": "Alice Martin"}))
@@ -542,7 +534,7 @@ def test_outputs_stay_inside_their_folder(tmp_path):
 
 
 # ------------------------------------------------------------------------------ 5. reports
-def test_not_done_says_why_in_every_output(tmp_path, env):
+def test_not_done_says_why_in_every_output(tmp_path, checkout_env):
     nb = nbformat.read(LESSONS / "exercises" / "04_layernorm.ipynb", as_version=4)
     path = submit(tmp_path, "bob", "04_layernorm.ipynb", nb)
     graded = grader.grade_notebook(path, SEED, execute_first=False)
@@ -553,7 +545,7 @@ def test_not_done_says_why_in_every_output(tmp_path, env):
 
 
 @pytest.mark.lessons
-def test_a_timeout_names_the_cell_and_its_first_line(tmp_path, env):
+def test_a_timeout_names_the_cell_and_its_first_line(tmp_path, checkout_env):
     nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("import time\ntime.sleep(60)")])
     run = grader.execute(submit(tmp_path, "bob", "04_slow.ipynb", nb), timeout=3)
     assert run.errors == ["cell 2 (import time) did not finish in 3 s (CellTimeoutError)"], run.errors
@@ -564,7 +556,7 @@ def test_a_timeout_names_the_cell_and_its_first_line(tmp_path, env):
     'globals().update(mixer_block_parameters=lambda S, C, D_S, D_C: 1)',
     'scope = {}\nexec("def f(S, C, D_S, D_C):\\n    return 1", scope)\nmixer_block_parameters = scope["f"]',
 ], ids=["exec", "globals", "exec into a dict"])
-def test_a_statement_the_grader_cannot_place_is_refused_with_a_reason(source, tmp_path, env):
+def test_a_statement_the_grader_cannot_place_is_refused_with_a_reason(source, tmp_path, checkout_env):
     result = grade(tmp_path, "from tinymlp.lessons import check\n" + source, "06.1", "mixer_block_parameters")
     assert result["status"] in ("FAILED", "not done yet"), result
     assert ("in a way the grader cannot follow" in result["details"] or "defines names the grader cannot see"

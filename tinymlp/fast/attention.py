@@ -34,23 +34,37 @@ __all__ = ["CompiledAttention", "CompiledSelfAttention", "CompiledSoftmax", "Cud
 
 
 class FastSoftmax(Softmax):
-    """``Softmax`` in place."""
+    """``Softmax`` in place; along the last axis through the back end's row kernels, if any
+    (``last_axis`` and ``last_axis_backward``: None where there is no kernel for the arrays)."""
 
     @staticmethod
-    def forward(ctx, x, axis=-1):
-        xp = array_module(x)
-        p = x - x.max(axis=axis, keepdims=True)
-        xp.exp(p, out=p)
-        p /= p.sum(axis=axis, keepdims=True)
+    def last_axis(x):
+        """softmax(x) along the last axis in a new array, or None (no kernel)."""
+        return None
+
+    @staticmethod
+    def last_axis_backward(p, grad):
+        """p * (grad - rowsum(grad * p)) along the last axis in a new array, or None (no kernel)."""
+        return None
+
+    @classmethod
+    def forward(cls, ctx, x, axis=-1):
+        p = cls.last_axis(x) if axis in (-1, x.ndim - 1) else None
+        if p is None:
+            p = x - x.max(axis=axis, keepdims=True)
+            array_module(x).exp(p, out=p)
+            p /= p.sum(axis=axis, keepdims=True)
         ctx.save_for_backward(p)
         ctx.axis = axis
         return p
 
-    @staticmethod
-    def backward(ctx, grad):
+    @classmethod
+    def backward(cls, ctx, grad):
         (p,) = ctx.saved_tensors
-        dx = grad - (grad * p).sum(axis=ctx.axis, keepdims=True)
-        dx *= p
+        dx = cls.last_axis_backward(p, grad) if ctx.axis in (-1, p.ndim - 1) else None
+        if dx is None:
+            dx = grad - (grad * p).sum(axis=ctx.axis, keepdims=True)
+            dx *= p
         return dx
 
 
@@ -58,44 +72,32 @@ class CudaSoftmax(FastSoftmax):
     """``Softmax`` on CUDA: along the last axis one kernel per row each way."""
 
     @staticmethod
-    def forward(ctx, x, axis=-1):
-        if axis not in (-1, x.ndim - 1) or not cuda.applies(x):
-            return FastSoftmax.forward(ctx, x, axis)
-        p = attention_cuda.softmax_forward(array_module(x).array(x, order="C", copy=True))
-        ctx.save_for_backward(p)
-        ctx.axis = axis
-        return p
+    def last_axis(x):
+        if not cuda.applies(x):
+            return None
+        return attention_cuda.softmax_forward(array_module(x).array(x, order="C", copy=True))
 
     @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        if ctx.axis in (-1, p.ndim - 1) and cuda.applies(p, grad):
-            return attention_cuda.softmax_backward(p, grad)
-        return FastSoftmax.backward(ctx, grad)
+    def last_axis_backward(p, grad):
+        return attention_cuda.softmax_backward(p, grad) if cuda.applies(p, grad) else None
 
 
 class CompiledSoftmax(FastSoftmax):
     """``Softmax`` along the last axis as one compiled pass per row each way (numba)."""
 
     @staticmethod
-    def forward(ctx, x, axis=-1):
-        if axis not in (-1, x.ndim - 1) or not compiled.applies(x):
-            return FastSoftmax.forward(ctx, x, axis)
+    def last_axis(x):
+        if not compiled.applies(x):
+            return None
         p = np.array(x, order="C")
-        if not _compiled(attention_numba.softmax_rows, p):
-            return FastSoftmax.forward(ctx, x, axis)
-        ctx.save_for_backward(p)
-        ctx.axis = axis
-        return p
+        return p if _compiled(attention_numba.softmax_rows, p) else None
 
     @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        if ctx.axis in (-1, p.ndim - 1) and grad.dtype == p.dtype:
-            dx = np.array(grad, order="C")
-            if _compiled(attention_numba.softmax_rows_backward, p, dx):
-                return dx
-        return FastSoftmax.backward(ctx, grad)
+    def last_axis_backward(p, grad):
+        if grad.dtype != p.dtype:
+            return None
+        dx = np.array(grad, order="C")
+        return dx if _compiled(attention_numba.softmax_rows_backward, p, dx) else None
 
 
 def _compiled(kernel, *arrays):
