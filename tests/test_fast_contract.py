@@ -508,8 +508,8 @@ def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype,
     ran = []
 
     def counting(kernel):
-        def run(*a):
-            out = kernel(*a)
+        def run(*a, **kw):
+            out = kernel(*a, **kw)
             ran.append(out is not None)
             return out
         return staticmethod(run)
@@ -521,6 +521,29 @@ def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype,
     gate = lambda z, w, b, g, be, r: F.spatial_gating(z, w, b, g, be, eps=1e-5, gate_residual=r)  # noqa: E731
     assert_same(run_both(gate, arrays, expect=SpatialGating), **tol)
     assert ran and all(ran)
+
+
+@needs_numba
+@pytest.mark.parametrize("residual", [False, True])
+def test_compiled_split_sgu_keeps_z_and_the_product_and_copies_nothing(residual):
+    """On token-major z the compiled split SGU saves z itself (z1 and the LayerNorm's input are its
+    halves) and W x_hat (F, with aMLP's residual): no copy of z1, no x_hat, no residual kept."""
+    from tinymlp.fast.gating import CompiledSpatialGating
+
+    rng = np.random.default_rng(3)
+    B, S, e = 8, 16, 32
+    z = Tensor(laid_out(rng, (B, S, 2 * e), "token-major"), requires_grad=True)
+    params = [Tensor(a, requires_grad=True) for a in (rng.standard_normal((S, S)), rng.standard_normal(S),
+                                                       rng.standard_normal(e), rng.standard_normal(e))]
+    a = Tensor(laid_out(rng, (B, S, e), "C"), requires_grad=True) if residual else None
+    assert fast.implementation(SpatialGating) is CompiledSpatialGating
+    out = F.spatial_gating(z, *params, gate_residual=a)
+    big = [x for x in out._ctx.saved_tensors if x is not None and x.size >= B * S * e]
+    assert len(big) == 2
+    assert big[0].shape == (S, B, 2 * e) and np.shares_memory(big[0], z.data)      # z, token-major
+    assert big[1].shape == (S, B, e) and not np.shares_memory(big[1], z.data)      # W x_hat, or F
+    if residual:
+        assert not any(np.shares_memory(x, a.data) for x in big)
 
 
 @needs_numba

@@ -1,12 +1,14 @@
 """The spatial gating unit's split gate on the CPU, compiled by numba.
 
-Forward: F = (W x_hat) gamma + shift (+ the aMLP residual), the copy of z1 and z1 * F in one
-pass; backward: G * F, G * z1 and the gate bias's row sums in one; and the rebuilt
-N = x_hat gamma + beta in one. The fast tier's ``CompiledSpatialGating`` (fast/gating.py) calls
-``gate_forward``, ``gate_backward`` and ``affine``; each returns None where the arrays do not
-suit a kernel (rows of width e with unit stride, one float dtype), and the NumPy code runs.
-Arrays are token-major (S, B, e) views: F and the copy of z1 contiguous, the others in any
-order of their first two axes. The formulas are derived in ops/gating.py.
+Forward: out = z1 * F with F = (W x_hat) gamma + shift (+ the aMLP residual) in one pass, F
+written over W x_hat only where backward cannot recompute it (the residual case), z1 copied only
+where asked; backward: G * F, G * z1 and the gate bias's row sums in one pass, F read or
+recomputed from W x_hat; and N = (x - mean) rstd gamma + beta, rebuilt from the LayerNorm's
+input and its row statistics, in one. The fast tier's ``CompiledSpatialGating``
+(fast/gating.py) calls ``gate_forward``, ``gate_backward`` and ``affine``; each returns None
+where the arrays do not suit a kernel (rows of width e with unit stride, one float dtype), and
+the NumPy code runs. Arrays are token-major (S, B, e) views, in any order of their first two
+axes. The formulas are derived in ops/gating.py.
 """
 
 from __future__ import annotations
@@ -21,71 +23,93 @@ __all__ = ["affine", "gate_backward", "gate_forward", "token_rows"]
 
 # The SGU's gate (split variant) on rows of width e, token-major: row i is token s = i // B of
 # sample b = i % B; an array's row (s, b) starts at s * (its token stride) + b * (its sample stride).
-def _gate_forward(f, z1, zss, zbs, r, rss, rbs, has_r, kept, out, oss, obs, gamma, shift, n, e, B):
-    # F = f gamma + shift_s (+ r); f <- F (saved for backward); kept <- z1; out <- z1 F
+def _gate_forward(f, fss, fbs, write_f, z1, zss, zbs, r, rss, rbs, has_r, kept, copy_z1, out, oss, obs,
+                  gamma, shift, n, e, B):
+    # F = f gamma + shift_s (+ r); out <- z1 F; f <- F where write_f; kept <- z1 where copy_z1
     for i in prange(n):
         s = i // B
         b = i - s * B
-        fr = f[i * e:i * e + e]
+        fo = s * fss + b * fbs
+        fr = f[fo:fo + e]
         zo = s * zss + b * zbs
         zr = z1[zo:zo + e]
-        kr = kept[i * e:i * e + e]
         oo = s * oss + b * obs
         orow = out[oo:oo + e]
         sh = shift[s]
         if has_r:
             ro = s * rss + b * rbs
             rr = r[ro:ro + e]
-            for j in range(e):
-                F = fr[j] * gamma[j] + sh[j] + rr[j]
-                fr[j] = F
-                k = zr[j]
-                kr[j] = k
-                orow[j] = k * F
-        else:
+            if write_f:
+                for j in range(e):
+                    F = fr[j] * gamma[j] + sh[j] + rr[j]
+                    fr[j] = F
+                    orow[j] = zr[j] * F
+            else:
+                for j in range(e):
+                    orow[j] = zr[j] * (fr[j] * gamma[j] + sh[j] + rr[j])
+        elif write_f:
             for j in range(e):
                 F = fr[j] * gamma[j] + sh[j]
                 fr[j] = F
-                k = zr[j]
-                kr[j] = k
-                orow[j] = k * F
+                orow[j] = zr[j] * F
+        else:
+            for j in range(e):
+                orow[j] = zr[j] * (fr[j] * gamma[j] + sh[j])
+        if copy_z1:
+            kr = kept[i * e:i * e + e]
+            for j in range(e):
+                kr[j] = zr[j]
 
 
-def _gate_backward(g, gss, gbs, F, kept, dz1, dss, dbs, need_dz1, gf, sums, n, e, B):
-    # dz1 <- G F;  gf <- G z1 (dL/dF; may be F's own memory);  sums[i] <- the row's sum of gf
+def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, dbs, need_dz1, gf, sums, n, e, B):
+    # F, or, where raw, F = f gamma + shift_s recomputed from f = W x_hat; dz1 <- G F;
+    # gf <- G z1 (dL/dF; may be F's own memory); sums[i] <- the row's sum of gf
     for i in prange(n):
         s = i // B
         b = i - s * B
         go = s * gss + b * gbs
         gr = g[go:go + e]
         fr = F[i * e:i * e + e]
-        kr = kept[i * e:i * e + e]
+        zo = s * zss + b * zbs
+        zr = z1[zo:zo + e]
         out = gf[i * e:i * e + e]
+        sh = shift[s]
         acc = 0.0
         if need_dz1:
             do = s * dss + b * dbs
             dr = dz1[do:do + e]
-            for j in range(e):
-                gj = gr[j]
-                dr[j] = gj * fr[j]
-                v = gj * kr[j]
-                out[j] = v
-                acc += v
+            if raw:
+                for j in range(e):
+                    gj = gr[j]
+                    dr[j] = gj * (fr[j] * gamma[j] + sh[j])
+                    v = gj * zr[j]
+                    out[j] = v
+                    acc += v
+            else:
+                for j in range(e):
+                    gj = gr[j]
+                    dr[j] = gj * fr[j]
+                    v = gj * zr[j]
+                    out[j] = v
+                    acc += v
         else:
             for j in range(e):
-                v = gr[j] * kr[j]
+                v = gr[j] * zr[j]
                 out[j] = v
                 acc += v
         sums[i] = acc
 
 
-def _affine(x, w, b, out, n, e):
-    # out = x w + b on rows of width e (the SGU's N = x_hat gamma + beta, rebuilt)
+def _affine(x, xs, mean, scale, w, b, out, n, e):
+    # out = (x - mean) scale w + b on rows of width e, x's rows xs apart (the SGU's N, rebuilt
+    # from x_hat with mean 0 and scale 1, or from the LayerNorm's input and its row statistics)
     for i in prange(n):
-        xr = x[i * e:i * e + e]
+        xr = x[i * xs:i * xs + e]
         orow = out[i * e:i * e + e]
+        mu = mean[i]
+        sc = scale[i]
         for j in range(e):
-            orow[j] = xr[j] * w[j] + b[j]
+            orow[j] = (xr[j] - mu) * sc * w[j] + b[j]
 
 
 GATE_FORWARD = compiled.jit(_gate_forward)
@@ -105,50 +129,70 @@ def token_rows(a):
     return np.lib.stride_tricks.as_strided(a, shape=(extent,), strides=(item,)), ss, bs
 
 
-def gate_forward(f, gamma, shift, residual, z1, out):
-    """F = f gamma + shift (+ residual) into f, and z1 * F into ``out``, in one pass; returns
-    the contiguous copy of z1 that backward needs."""
+def gate_forward(f, gamma, shift, residual, z1, out, write_f=True, copy_z1=True):
+    """out = z1 * F with F = f gamma + shift (+ residual), in one pass; F written into f where
+    ``write_f``. Returns the contiguous copy of z1 where ``copy_z1`` (else True), or None where
+    the kernel does not take the arrays."""
     arrays = [f, gamma, shift, z1, out] + ([residual] if residual is not None else [])
-    if not compiled.applies(*arrays) or not f.flags.c_contiguous or not f.size:
+    if not compiled.applies(*arrays) or not f.size:
         return None
     S, B, e = f.shape
-    views = [token_rows(a) for a in (z1, out, residual if residual is not None else f)]
+    views = [token_rows(a) for a in (f, z1, out, residual if residual is not None else f)]
     if any(v is None for v in views):
         return None
-    (zf, zss, zbs), (of, oss, obs), (rf, rss, rbs) = views
-    kept = np.empty((S, B, e), dtype=f.dtype)
-    compiled.kernel(GATE_FORWARD, f.size)(f.reshape(-1), zf, zss, zbs, rf, rss, rbs, residual is not None,
-                                          kept.reshape(-1), of, oss, obs, np.ascontiguousarray(gamma),
+    (ff, fss, fbs), (zf, zss, zbs), (of, oss, obs), (rf, rss, rbs) = views
+    kept = np.empty((S, B, e) if copy_z1 else (1,), dtype=f.dtype)
+    compiled.kernel(GATE_FORWARD, f.size)(ff, fss, fbs, write_f, zf, zss, zbs, rf, rss, rbs, residual is not None,
+                                          kept.reshape(-1), copy_z1, of, oss, obs, np.ascontiguousarray(gamma),
                                           np.ascontiguousarray(shift), S * B, e, B)
-    return kept
+    return kept if copy_z1 else True
 
 
-def gate_backward(g, F, kept, dz1, gf):
+def gate_backward(g, F, kept, dz1, gf, raw=None):
     """dz1 = G F (when ``dz1`` is given) and G * z1 into ``gf`` (a new array when None), in one
-    pass; returns ``(gf, per-token sums of gf)`` (the gate bias's gradient)."""
-    arrays = [g, F, kept] + [a for a in (dz1, gf) if a is not None]
-    if not compiled.applies(*arrays) or not (F.flags.c_contiguous and kept.flags.c_contiguous) or not F.size:
+    pass; ``kept`` is z1 (any token-major view), ``F`` contiguous. Where ``raw`` is
+    ``(gamma, shift)``, F holds W x_hat and F = F gamma + shift is recomputed on the way. Returns
+    ``(gf, per-token sums of gf)`` (the gate bias's gradient)."""
+    arrays = [g, F, kept] + [a for a in (dz1, gf, *(raw or ())) if a is not None]
+    if not compiled.applies(*arrays) or not F.flags.c_contiguous or not F.size:
         return None
     if gf is not None and not gf.flags.c_contiguous:
         return None
     S, B, e = F.shape
-    gr = token_rows(g)
+    gamma, shift = raw if raw is not None else (np.ones(e, F.dtype), np.zeros((S, e), F.dtype))   # unread
+    gr, zr = token_rows(g), token_rows(kept)
     dr = token_rows(dz1) if dz1 is not None else (F.reshape(-1), 0, 0)
-    if gr is None or dr is None:
+    if gr is None or zr is None or dr is None:
         return None
     gf = np.empty_like(F) if gf is None else gf
     sums = np.empty(S * B)
-    compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), kept.reshape(-1), dr[0], dr[1], dr[2],
-                                           dz1 is not None, gf.reshape(-1), sums, S * B, e, B)
+    compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), raw is not None,
+                                           np.ascontiguousarray(gamma), np.ascontiguousarray(shift), zr[0], zr[1],
+                                           zr[2], dr[0], dr[1], dr[2], dz1 is not None, gf.reshape(-1), sums,
+                                           S * B, e, B)
     return gf, sums.reshape(S, B).sum(axis=1).astype(F.dtype)
 
 
-def affine(x, w, b):
-    """x * w + b over the last axis of a C-contiguous x, in one pass (None where it does not apply)."""
-    if not compiled.applies(x, w, b) or not x.flags.c_contiguous or not x.size:
+def affine(x, w, b, mean=None, scale=None):
+    """(x - mean) * scale * w + b over the last axis, in one pass, into a new C-contiguous array:
+    x's rows contiguous and evenly spaced (x_hat, C-contiguous, or the z2 half of token-major z,
+    with ``mean`` and ``scale`` its rows' statistics); None where that does not apply."""
+    if not compiled.applies(x, w, b) or not x.size:
         return None
     e = x.shape[-1]
-    out = np.empty_like(x)
-    compiled.kernel(AFFINE, x.size)(x.reshape(-1), np.ascontiguousarray(w), np.ascontiguousarray(b), out.reshape(-1),
-                                    x.size // e, e)
+    n = x.size // e
+    try:
+        X = np.reshape(x, (n, e), copy=False)
+    except (ValueError, TypeError):
+        return None
+    item = x.itemsize
+    xs = X.strides[0] // item if n > 1 else e
+    if (e > 1 and X.strides[1] != item) or X.strides[0] % item or xs < e:
+        return None
+    xf = np.lib.stride_tricks.as_strided(X, shape=((n - 1) * xs + e,), strides=(item,))
+    mean = np.zeros(n, x.dtype) if mean is None else np.ascontiguousarray(mean, dtype=x.dtype).reshape(-1)
+    scale = np.ones(n, x.dtype) if scale is None else np.ascontiguousarray(scale, dtype=x.dtype).reshape(-1)
+    out = np.empty(x.shape, dtype=x.dtype)
+    compiled.kernel(AFFINE, x.size)(xf, xs, mean, scale, np.ascontiguousarray(w), np.ascontiguousarray(b),
+                                    out.reshape(-1), n, e)
     return out
