@@ -178,9 +178,10 @@ class CompiledSpatialGating(FastSpatialGating):
 
     The split variant on token-major z (the models' layout) saves less and writes less: z itself
     (its halves are z1 and the LayerNorm's input), the rows' mean and 1/std, and W x_hat as the
-    product left it. x_hat is a temporary of the forward pass; backward rebuilds N from z2 in one
-    pass, the LayerNorm backward reads z2, and F = (W x_hat) gamma + shift is recomputed where the
-    gate reads it (with aMLP's residual, F is written over W x_hat instead: the residual is not kept).
+    product left it. x_hat is a temporary of the forward pass; backward's gate pass reads each row
+    of z once, for G * z1 and for N rebuilt from z2, the LayerNorm backward reads z2, and
+    F = (W x_hat) gamma + shift is recomputed where the gate reads it (with aMLP's residual, F is
+    written over W x_hat instead: the residual is not kept).
     Per unit, against the generic path: one array fewer written forward (no copy of z1), two fewer
     without a residual (F not written either), as many saved.
     """
@@ -236,12 +237,12 @@ class CompiledSpatialGating(FastSpatialGating):
         dz = _empty(ctx.input_shapes[0], True, np, f.dtype) if need_z else None
         dzt = _tm(dz) if need_z else None
         last = not ctx.retain_graph
-        gf, db = cls.split_gate_backward(gt, f, zt[..., :e], dzt[..., :e] if need_z else None, f if last else None,
-                                         raw=(gamma, shift) if ctx.raw else None)
+        gf, db, work = gating_numba.gate_backward_from_z(gt, f, zt, dzt[..., :e] if need_z else None,
+                                                         f if last else None, gamma, shift, beta, mean, rstd,
+                                                         raw=ctx.raw, need_n=need_w)   # and N, rebuilt from z2
         gf2 = gf.reshape(S, -1)                                      # G_F as an (S, B*e) matrix
-        dw = work = None
+        dw = None
         if need_w:
-            work = cls.affine(z2, gamma, beta, mean, rstd)           # N, rebuilt from z2
             dw = gf2 @ work.reshape(S, -1).T                         # G_F N^T
             if ctx.causal:
                 dw = np.tril(dw)

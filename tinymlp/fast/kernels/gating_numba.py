@@ -18,7 +18,7 @@ import numpy as np
 from .. import compiled
 from ..compiled import prange
 
-__all__ = ["affine", "gate_backward", "gate_forward", "token_rows"]
+__all__ = ["affine", "gate_backward", "gate_backward_from_z", "gate_forward", "token_rows"]
 
 
 # The SGU's gate (split variant) on rows of width e, token-major: row i is token s = i // B of
@@ -61,9 +61,12 @@ def _gate_forward(f, fss, fbs, write_f, z1, zss, zbs, r, rss, rbs, has_r, kept, 
                 kr[j] = zr[j]
 
 
-def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, dbs, need_dz1, gf, sums, n, e, B):
+def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, dbs, need_dz1, gf, sums,
+                   x2, xss, xbs, mean, scale, beta, nout, need_n, n, e, B):
     # F, or, where raw, F = f gamma + shift_s recomputed from f = W x_hat; dz1 <- G F;
-    # gf <- G z1 (dL/dF; may be F's own memory); sums[i] <- the row's sum of gf
+    # gf <- G z1 (dL/dF; may be F's own memory); sums[i] <- the row's sum of gf; where need_n,
+    # nout <- N = (x2 - mean) scale gamma + beta, from the LayerNorm's input x2 (z's other half:
+    # each row of z is read once)
     for i in prange(n):
         s = i // B
         b = i - s * B
@@ -98,18 +101,23 @@ def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, db
                 out[j] = v
                 acc += v
         sums[i] = acc
+        if need_n:
+            xo = s * xss + b * xbs
+            xr = x2[xo:xo + e]
+            nr = nout[i * e:i * e + e]
+            mu = mean[i]
+            sc = scale[i]
+            for j in range(e):
+                nr[j] = (xr[j] - mu) * sc * gamma[j] + beta[j]
 
 
-def _affine(x, xs, mean, scale, w, b, out, n, e):
-    # out = (x - mean) scale w + b on rows of width e, x's rows xs apart (the SGU's N, rebuilt
-    # from x_hat with mean 0 and scale 1, or from the LayerNorm's input and its row statistics)
+def _affine(x, w, b, out, n, e):
+    # out = x w + b on rows of width e (the SGU's N = x_hat gamma + beta, rebuilt)
     for i in prange(n):
-        xr = x[i * xs:i * xs + e]
+        xr = x[i * e:i * e + e]
         orow = out[i * e:i * e + e]
-        mu = mean[i]
-        sc = scale[i]
         for j in range(e):
-            orow[j] = (xr[j] - mu) * sc * w[j] + b[j]
+            orow[j] = xr[j] * w[j] + b[j]
 
 
 GATE_FORWARD = compiled.jit(_gate_forward)
@@ -148,51 +156,57 @@ def gate_forward(f, gamma, shift, residual, z1, out, write_f=True, copy_z1=True)
     return kept if copy_z1 else True
 
 
-def gate_backward(g, F, kept, dz1, gf, raw=None):
-    """dz1 = G F (when ``dz1`` is given) and G * z1 into ``gf`` (a new array when None), in one
-    pass; ``kept`` is z1 (any token-major view), ``F`` contiguous. Where ``raw`` is
-    ``(gamma, shift)``, F holds W x_hat and F = F gamma + shift is recomputed on the way. Returns
-    ``(gf, per-token sums of gf)`` (the gate bias's gradient)."""
-    arrays = [g, F, kept] + [a for a in (dz1, gf, *(raw or ())) if a is not None]
+def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, beta, need_n):
+    """Launch ``_gate_backward``: ``(gf, per-token sums of gf, N or None)``, or None where the
+    arrays do not suit it."""
+    arrays = [g, F, z1, gamma, shift, x2, mean, rstd, beta] + [a for a in (dz1, gf) if a is not None]
     if not compiled.applies(*arrays) or not F.flags.c_contiguous or not F.size:
         return None
     if gf is not None and not gf.flags.c_contiguous:
         return None
     S, B, e = F.shape
-    gamma, shift = raw if raw is not None else (np.ones(e, F.dtype), np.zeros((S, e), F.dtype))   # unread
-    gr, zr = token_rows(g), token_rows(kept)
+    gr, zr, xr = token_rows(g), token_rows(z1), token_rows(x2)
     dr = token_rows(dz1) if dz1 is not None else (F.reshape(-1), 0, 0)
-    if gr is None or zr is None or dr is None:
+    if gr is None or zr is None or dr is None or xr is None:
         return None
     gf = np.empty_like(F) if gf is None else gf
+    N = np.empty_like(F) if need_n else F
     sums = np.empty(S * B)
-    compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), raw is not None,
-                                           np.ascontiguousarray(gamma), np.ascontiguousarray(shift), zr[0], zr[1],
-                                           zr[2], dr[0], dr[1], dr[2], dz1 is not None, gf.reshape(-1), sums,
-                                           S * B, e, B)
-    return gf, sums.reshape(S, B).sum(axis=1).astype(F.dtype)
+    flat = [np.ascontiguousarray(v).reshape(-1) for v in (mean, rstd)]
+    compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), raw, np.ascontiguousarray(gamma),
+                                           np.ascontiguousarray(shift), zr[0], zr[1], zr[2], dr[0], dr[1], dr[2],
+                                           dz1 is not None, gf.reshape(-1), sums, xr[0], xr[1], xr[2], *flat,
+                                           np.ascontiguousarray(beta), N.reshape(-1), need_n, S * B, e, B)
+    return gf, sums.reshape(S, B).sum(axis=1).astype(F.dtype), (N if need_n else None)
 
 
-def affine(x, w, b, mean=None, scale=None):
-    """(x - mean) * scale * w + b over the last axis, in one pass, into a new C-contiguous array:
-    x's rows contiguous and evenly spaced (x_hat, C-contiguous, or the z2 half of token-major z,
-    with ``mean`` and ``scale`` its rows' statistics); None where that does not apply."""
-    if not compiled.applies(x, w, b) or not x.size:
+def gate_backward(g, F, kept, dz1, gf):
+    """dz1 = G F (when ``dz1`` is given) and G * z1 into ``gf`` (a new array when None), in one
+    pass; ``kept`` is z1 (any token-major view), ``F`` contiguous. Returns ``(gf, per-token sums
+    of gf)`` (the gate bias's gradient), or None where the kernel does not take the arrays."""
+    S, B, e = F.shape
+    one, zeros = np.ones(e, F.dtype), np.zeros(S * B, F.dtype)                      # unread: not raw, no N
+    done = _gate_backward_run(g, F, kept, dz1, gf, one, np.zeros((S, e), F.dtype), False, F, zeros, zeros, one,
+                              False)
+    return None if done is None else done[:2]
+
+
+def gate_backward_from_z(g, f, z, dz1, gf, gamma, shift, beta, mean, rstd, raw, need_n):
+    """The split gate's backward from z itself (token-major (S, B, 2e); z1 and z2 its halves):
+    dz1 = G F and G * z1 (into ``gf`` when given) as ``gate_backward``, F read from ``f`` or,
+    where ``raw``, recomputed as f gamma + shift; and where ``need_n``, in the same pass over z,
+    N = (z2 - mean) rstd gamma + beta (``mean``, ``rstd``: z2's row statistics, token-major).
+    Returns ``(gf, per-token sums of gf, N or None)``, or None (the arrays do not suit it)."""
+    e = f.shape[-1]
+    return _gate_backward_run(g, f, z[..., :e], dz1, gf, gamma, shift, raw, z[..., e:], mean, rstd, beta, need_n)
+
+
+def affine(x, w, b):
+    """x * w + b over the last axis of a C-contiguous x, in one pass (None where it does not apply)."""
+    if not compiled.applies(x, w, b) or not x.flags.c_contiguous or not x.size:
         return None
     e = x.shape[-1]
-    n = x.size // e
-    try:
-        X = np.reshape(x, (n, e), copy=False)
-    except (ValueError, TypeError):
-        return None
-    item = x.itemsize
-    xs = X.strides[0] // item if n > 1 else e
-    if (e > 1 and X.strides[1] != item) or X.strides[0] % item or xs < e:
-        return None
-    xf = np.lib.stride_tricks.as_strided(X, shape=((n - 1) * xs + e,), strides=(item,))
-    mean = np.zeros(n, x.dtype) if mean is None else np.ascontiguousarray(mean, dtype=x.dtype).reshape(-1)
-    scale = np.ones(n, x.dtype) if scale is None else np.ascontiguousarray(scale, dtype=x.dtype).reshape(-1)
-    out = np.empty(x.shape, dtype=x.dtype)
-    compiled.kernel(AFFINE, x.size)(xf, xs, mean, scale, np.ascontiguousarray(w), np.ascontiguousarray(b),
-                                    out.reshape(-1), n, e)
+    out = np.empty_like(x)
+    compiled.kernel(AFFINE, x.size)(x.reshape(-1), np.ascontiguousarray(w), np.ascontiguousarray(b), out.reshape(-1),
+                                    x.size // e, e)
     return out
