@@ -26,6 +26,7 @@ implementation: the one hook through which the fast tier, tinymlp/fast/, takes o
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 from . import contract, dispatch, graph, guard
@@ -65,6 +66,10 @@ class Context:
     ``retain_graph`` (False while backward runs for the last time: the engine drops what
     forward saved right after, so backward may write its result into a saved array it owns).
     Forward may set other attributes freely (``ctx.axis = axis``) for its backward to read.
+    One is read by ``apply``: ``ctx.pending_bias``, a vector forward has *not* added to its
+    output along the last axis (the fast Linear's): the next op adds it in its own pass if
+    its ``takes_bias`` says so (the compiled GELU), else the first read of the output's values
+    adds it in place; so no one ever sees the output without it.
 
     The node does *not* keep its input tensors: only ``parents``, for each input that needs a
     gradient, the node that made it (or the leaf tensor itself). So an intermediate result
@@ -154,6 +159,13 @@ class Function:
             "a Function needs @staticmethod forward(ctx, *arrays) returning the output array"
         )
 
+    @classmethod
+    def takes_bias(cls, x, bias, kwargs):
+        """Whether ``forward`` adds a bias its first input still lacks, in its own pass over it
+        (then called with ``bias=`` the vector, broadcast along x's last axis): the op that made
+        x may leave its bias pending (``ctx.pending_bias``). False here: x gets it added first."""
+        return False
+
     @staticmethod
     def backward(ctx, grad):
         """Given ``grad`` = dL/d(output), return dL/d(input) for every positional input of forward.
@@ -175,13 +187,25 @@ class Function:
         an input requires grad (and grad mode is on) the ``ctx`` becomes the output's node of
         the graph, so that ``backward`` is called during ``y.backward()``.
         """
-        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        first = args[0] if args and isinstance(args[0], Tensor) and args[0]._pending is not None else None
+        if first is not None and any(a is first for a in args[1:]):
+            first = None                                # (x op x: x gets its bias first)
+        if first is None:
+            arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        else:                                           # x as it is, its bias pending
+            arrays = [first._array] + [a._data if isinstance(a, Tensor) else a for a in args[1:]]
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = is_grad_enabled() and any(needs)
         contract.check_inputs(cls, args, arrays, kwargs, record)
         # The one hook: the fast tier's implementation of this op on this device, if it registered
         # one (tinymlp/dispatch.py), else the class itself. Same contract, tested against it.
         impl = dispatch.implementation_for(cls, arrays)
+        if first is not None:       # the first input's bias is still to be added: by this op, or now
+            bias = first._pending
+            if bias is not None and impl.takes_bias(arrays[0], bias, kwargs):
+                kwargs = dict(kwargs, bias=bias)
+            else:
+                arrays[0] = first._data
         ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
         out = impl.forward(ctx, *arrays, **kwargs)
         result = Tensor._from_op(out, ctx if record else None)
@@ -189,7 +213,23 @@ class Function:
         if record:
             ctx.output = weakref.ref(result)
             ctx.guarded = guard.record(ctx, args, arrays, kwargs)   # what backward will check is unchanged
+        pending = getattr(ctx, "pending_bias", None)
+        if pending is not None:
+            result._pending = pending
         return result
+
+
+_SETTLING = threading.Lock()
+
+
+def settle(t: Tensor) -> None:
+    """Add the bias the op that made ``t`` left pending (``Context.pending_bias``) into t's
+    array, in place, once (whichever thread reads first): every reader of the values but the op
+    that takes the bias in its own pass (``Function.takes_bias``) goes through here."""
+    with _SETTLING:
+        bias, t._pending = t._pending, None
+        if bias is not None:
+            t._array += bias
 
 
 # --------------------------------------------------------------------------- backward

@@ -98,7 +98,7 @@ def _as_array(data, dtype, device):
 class Tensor:
     """An n-dimensional array that can record the operations applied to it."""
 
-    __slots__ = ("_data", "grad", "requires_grad", "_ctx", "name", "_storage", "__weakref__")
+    __slots__ = ("_array", "_pending", "grad", "requires_grad", "_ctx", "name", "_storage", "__weakref__")
     __array_priority__ = 1000  # so that ndarray (op) Tensor defers to Tensor's reflected operator
 
     def __init__(self, data, requires_grad=False, device=None, dtype=None):
@@ -119,15 +119,22 @@ class Tensor:
         if isinstance(data, np.generic):  # NumPy reductions return scalars: keep .data an array
             data = np.asarray(data)
         t = object.__new__(cls)
-        t._data = data
-        t._storage = None
-        t.grad = None
-        t._ctx = ctx
-        t.name = None
+        t._array, t._pending, t._storage, t.grad, t._ctx, t.name = data, None, None, None, ctx, None
         t.requires_grad = ctx is not None
         return t
 
     # ----------------------------------------------------------------- properties
+    @property
+    def _data(self):
+        """The array, with any bias left pending by the op that made it added first (``autograd.settle``)."""
+        if self._pending is not None:
+            _autograd.settle(self)
+        return self._array
+
+    @_data.setter
+    def _data(self, value):
+        self._array, self._pending = value, None
+
     @property
     def data(self):
         """The array (NumPy or CuPy) behind the tensor, shared, outside the graph.
@@ -152,23 +159,23 @@ class Tensor:
 
     @property
     def shape(self):
-        return self._data.shape
+        return self._array.shape
 
     @property
     def dtype(self):
-        return self._data.dtype
+        return self._array.dtype
 
     @property
     def ndim(self):
-        return self._data.ndim
+        return self._array.ndim
 
     @property
     def size(self):
-        return self._data.size
+        return self._array.size
 
     @property
     def device(self) -> str:
-        return device_of(self._data)
+        return device_of(self._array)
 
     @property
     def is_leaf(self) -> bool:
@@ -176,7 +183,7 @@ class Tensor:
 
     @property
     def _xp(self):
-        return array_module(self._data)
+        return array_module(self._array)
 
     def __len__(self):
         return len(self._data)

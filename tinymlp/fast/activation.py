@@ -56,10 +56,27 @@ class FastGELU(GELU):
 
 
 class CompiledGELU(FastGELU):
-    """GELU (tanh form) as one compiled pass writing y and dy/dx; the erf form is FastGELU's."""
+    """GELU (tanh form) as one compiled pass writing y and dy/dx; the erf form is FastGELU's.
+
+    It takes the bias a fast Linear leaves pending on its output (``takes_bias``): GELU(x W + b)
+    is then one pass over x W, where it was two (the bias added, then GELU)."""
 
     @staticmethod
-    def forward(ctx, x, approximate=True):
+    def takes_bias(x, bias, kwargs):
+        return kwargs.get("approximate", True) and x.size > 0 and compiled.applies(x, bias) and \
+            activation_numba.bias_layout(x) is not None
+
+    @staticmethod
+    def forward(ctx, x, approximate=True, bias=None):
+        if bias is not None:
+            if ctx.needs_input_grad[0]:
+                try:
+                    y, dydx = activation_numba.gelu_tanh_bias(x, bias)
+                    ctx.save_for_backward(dydx)
+                    return y
+                except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
+                    compiled.fail(exc)
+            x = x + bias                                 # x itself is the caller's: not written
         if not (approximate and compiled.applies(x) and x.size):
             return FastGELU.forward(ctx, x, approximate)
         try:

@@ -15,6 +15,10 @@ same way. The gradients are the reference's rules read in that order:
 
 Column and row sums are products with a ones vector (a GEMV: faster than ``sum`` on NumPy).
 On the last backward, X is released before dX is allocated, which lowers the step's peak.
+
+Where the compiled kernels take the arrays, the bias is left pending (``ctx.pending_bias``):
+the GELU after the product adds it in its own pass, and any other reader of the output gets
+it added first (``Tensor._data``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from ..backend import array_module, device_constant
 from ..ops.linear import Linear, check_shapes
+from . import compiled
 from .layout import as_matrix, inverse, same_layout
 
 __all__ = ["FastLinear"]
@@ -37,14 +42,17 @@ class FastLinear(Linear):
         X, order, kind = as_matrix(x)
         d_out = weight.shape[1]
         lead = tuple(x.shape[i] for i in order if i != x.ndim - 1)     # the other axes, in memory order
+        defer = bias is not None and compiled.applies(X, bias)
+        if defer:                       # added by the next op in its own pass, or on first read
+            ctx.pending_bias = bias.copy()      # as it is now (an optimizer step may come first)
         if kind == "rows":
             Y = X @ weight                                   # (N, D_out)
-            if bias is not None:
+            if bias is not None and not defer:
                 Y += bias
             y = Y.reshape(lead + (d_out,))
         else:
             Y = weight.T @ X                                 # (D_out, N)
-            if bias is not None:
+            if bias is not None and not defer:
                 Y += bias[:, None]
             y = Y.reshape((d_out,) + lead)
         ctx.save_for_backward(X, weight)

@@ -15,7 +15,7 @@ from .. import compiled
 from ..compiled import prange
 from ..layout import inverse, memory_order
 
-__all__ = ["gelu_backward", "gelu_tanh"]
+__all__ = ["bias_layout", "gelu_backward", "gelu_tanh", "gelu_tanh_bias"]
 
 
 def _tanh32(u):
@@ -79,6 +79,56 @@ def _gelu_tanh64_value(x, y, c0, c1, half, one):
         y[i] = xi * (half * (one + t))
 
 
+def _gelu_tanh32_bias(x, b, inner, rows, cols, y, d, c0, c1, c3, half, one):
+    # _gelu_tanh32 of x + bias on x's memory seen as (rows, cols): the bias b[j] along each row
+    # (inner: x's last axis is its fastest) or b[r] for all of row r (x's last axis its slowest)
+    for r in prange(rows):
+        lo = r * cols
+        if inner:
+            for j in range(cols):
+                xi = x[lo + j] + b[j]
+                x2 = xi * xi
+                t = tanh32(c0 * xi * (one + c1 * x2))
+                h = half * (one + t)
+                yi = xi * h
+                y[lo + j] = yi
+                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+        else:
+            br = b[r]
+            for j in range(cols):
+                xi = x[lo + j] + br
+                x2 = xi * xi
+                t = tanh32(c0 * xi * (one + c1 * x2))
+                h = half * (one + t)
+                yi = xi * h
+                y[lo + j] = yi
+                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+
+
+def _gelu_tanh64_bias(x, b, inner, rows, cols, y, d, c0, c1, c3, half, one):
+    for r in prange(rows):
+        lo = r * cols
+        if inner:
+            for j in range(cols):
+                xi = x[lo + j] + b[j]
+                x2 = xi * xi
+                t = np.tanh(c0 * xi * (one + c1 * x2))
+                h = half * (one + t)
+                yi = xi * h
+                y[lo + j] = yi
+                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+        else:
+            br = b[r]
+            for j in range(cols):
+                xi = x[lo + j] + br
+                x2 = xi * xi
+                t = np.tanh(c0 * xi * (one + c1 * x2))
+                h = half * (one + t)
+                yi = xi * h
+                y[lo + j] = yi
+                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+
+
 def _multiply(a, b, out):
     for i in prange(a.shape[0]):
         out[i] = a[i] * b[i]
@@ -86,6 +136,7 @@ def _multiply(a, b, out):
 
 GELU_TANH32, GELU_TANH32_VALUE = compiled.jit(_gelu_tanh32), compiled.jit(_gelu_tanh32_value)
 GELU_TANH64, GELU_TANH64_VALUE = compiled.jit(_gelu_tanh64), compiled.jit(_gelu_tanh64_value)
+GELU_TANH32_BIAS, GELU_TANH64_BIAS = compiled.jit(_gelu_tanh32_bias), compiled.jit(_gelu_tanh64_bias)
 MULTIPLY = compiled.jit(_multiply)
 
 
@@ -120,6 +171,35 @@ def gelu_tanh(x, want_derivative):
     shape_t = tuple(x.shape[i] for i in order)
     back = inverse(order)
     return yt.reshape(shape_t).transpose(back), (d.reshape(shape_t).transpose(back) if d is not None else None)
+
+
+def bias_layout(x):
+    """How a bias along x's last axis lies in x's memory: ``"inner"`` (the last axis is the
+    fastest), ``"outer"`` (the slowest), or None (x not contiguous in any order, or neither)."""
+    xf, order = flat(x)
+    if xf is None or x.ndim == 0:
+        return None
+    last = x.ndim - 1
+    return "inner" if order[-1] == last else ("outer" if order[0] == last else None)
+
+
+def gelu_tanh_bias(x, bias):
+    """``(y, dy/dx)`` of the tanh GELU of x + bias (bias along x's last axis) in one compiled
+    pass, laid out like x; x as ``bias_layout`` takes it (else ValueError)."""
+    where = bias_layout(x)
+    if where is None:
+        raise ValueError("gelu_tanh_bias: x's last axis is neither its fastest nor its slowest in memory")
+    xf, order = flat(x)
+    n = x.shape[-1]
+    rows, cols = (xf.size // n, n) if where == "inner" else (n, xf.size // max(n, 1))
+    t = x.dtype.type
+    y, d = np.empty(xf.size, dtype=x.dtype), np.empty(xf.size, dtype=x.dtype)
+    kernel = compiled.kernel(GELU_TANH32_BIAS if x.dtype == np.float32 else GELU_TANH64_BIAS, xf.size)
+    kernel(xf, np.ascontiguousarray(bias, dtype=x.dtype), where == "inner", rows, cols, y, d,
+           t(C0), t(C1), t(3 * C1), t(0.5), t(1))
+    shape_t = tuple(x.shape[i] for i in order)
+    back = inverse(order)
+    return y.reshape(shape_t).transpose(back), d.reshape(shape_t).transpose(back)
 
 
 def gelu_backward(grad, dydx, overwrite):
