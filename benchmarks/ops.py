@@ -105,6 +105,11 @@ def cases(rng):
             [(B * S, H)], F.gelu, composed_gelu,
             tf and (lambda x: tf.gelu(x, approximate="tanh")),
         ),
+        "linear+gelu": (     # the channel MLP's first half: the fast tier adds the bias inside GELU's pass
+            [(B, S, C), (C, H), (H,)], lambda x, w, b: F.gelu(F.linear(x, w, b)),
+            lambda x, w, b: composed_gelu(composed_linear(x, w, b)),
+            tf and (lambda x, w, b: tf.gelu(tf.linear(x, w.t(), b), approximate="tanh")),
+        ),
         "layer_norm": (
             [(B, S, C), (C,), (C,)], F.layer_norm, composed_layer_norm,
             tf and (lambda x, w, b: tf.layer_norm(x, (C,), w, b, EPS)),

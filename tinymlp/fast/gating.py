@@ -181,9 +181,9 @@ class CompiledSpatialGating(FastSpatialGating):
     product left it. x_hat is a temporary of the forward pass; backward's gate pass reads each row
     of z once, for G * z1 and for N rebuilt from z2, the LayerNorm backward reads z2, and
     F = (W x_hat) gamma + shift is recomputed where the gate reads it (with aMLP's residual, F is
-    written over W x_hat instead: the residual is not kept).
-    Per unit, against the generic path: one array fewer written forward (no copy of z1), two fewer
-    without a residual (F not written either), as many saved.
+    written over W x_hat instead: the residual is not kept). Forward writes one (S, B, e) array
+    fewer than the generic path (no copy of z1), two fewer without a residual (F not written
+    either), and saves as much.
     """
 
     norm = CompiledLayerNorm
