@@ -413,8 +413,9 @@ def model_config(name, quick):
     return preset, overrides, steps
 
 
-def build(name, runs, batch, quick, torch, seed=0):
-    """The model, its optimizer and one fixed batch per wanted run: ``{run: step()}``."""
+def build(name, runs, batch, quick, torch, seed=0, profile=False):
+    """The model, its optimizer and one fixed batch per wanted run: ``{run: step()}``; the matmul
+    floor (``_floor``) where a floor run is wanted or ``profile`` (its products per op)."""
     preset, overrides, _ = model_config(name, quick)
     model = create(preset, **overrides)
     rng = np.random.default_rng(seed)
@@ -443,7 +444,7 @@ def build(name, runs, batch, quick, torch, seed=0):
         t_opt = torch.optim.AdamW(twin.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         tx, ty = torch.from_numpy(images), torch.from_numpy(labels)
         steps["torch"] = lambda: torch_step(torch, twin, t_opt, tx, ty)
-    if any(r in runs for r in FLOORS):
+    if any(r in runs for r in FLOORS) or profile:
         gemms, ops = [], []
         with recording_gemms(gemms, ops):
             rec_model = create(preset, **overrides)
@@ -480,7 +481,7 @@ def alternate(runs, steps, warmup, gap):
 
 def bench_model(name, runs, args, torch):
     """One model's figures for ``runs`` timed in this process (in turn)."""
-    steps = build(name, runs, args.batch_size, args.quick, torch)
+    steps = build(name, runs, args.batch_size, args.quick, torch, profile=args.profile)
     model, floor, profiled = steps.pop("model"), steps.pop("_floor", None), steps.pop("_profile", None)
     timed = {k: steps[k] for k in runs if k in steps}
     first = {k: float(timed[k]().item()) for k in timed if k not in FLOORS}
@@ -495,7 +496,8 @@ def bench_model(name, runs, args, torch):
         result["gflop"] = floor.flops / 1e9
     if args.profile and profiled is not None:
         floors = floor.by_label(n, args.gap) if floor is not None else None
-        result["profile"] = profile(*profiled, n, args.gap).table(result["ms"].get("matmul"), floors)
+        floor_ms = result["ms"].get("matmul", sum(floors.values()) if floors else None)  # (--solo: not timed whole)
+        result["profile"] = profile(*profiled, n, args.gap).table(floor_ms, floors)
     if args.memory:
         for k in timed:
             if k in ("fast", "reference", "fast-nonumba"):

@@ -21,12 +21,16 @@ def test_cpu_step_benchmark_runs_and_reports_both_tiers(extra):
         assert expected in out.stdout, (expected, out.stdout)
 
 
-def test_cpu_step_profile_names_the_ops_and_the_floor():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "amlp_mnist", "--runs", "fast,matmul",
-                          "--profile"], capture_output=True, text=True, timeout=300, check=False)
+@pytest.mark.parametrize("extra", [["--runs", "fast,matmul"], ["--runs", "fast", "--solo"]],
+                         ids=["one-process", "solo"])
+def test_cpu_step_profile_names_the_ops_and_the_floor(extra):
+    """Each op's own matrix products beside its time, also where no matmul run is timed (--solo)."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "amlp_mnist", "--profile", *extra],
+                         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     for expected in ("where the fast step's time goes", "Linear fwd", "SpatialGating bwd", "Attention fwd",
-                     "backward: engine", "optimizer step", "matrix products alone", "whole step"):
+                     "backward: engine", "optimizer step", "matrix products alone", "whole step", "products",
+                     "rest = ms - products"):
         assert expected in out.stdout, (expected, out.stdout)
 
 
