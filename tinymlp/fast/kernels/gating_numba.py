@@ -25,7 +25,7 @@ __all__ = ["affine", "gate_backward", "gate_backward_from_z", "gate_forward", "t
 # sample b = i % B; an array's row (s, b) starts at s * (its token stride) + b * (its sample stride).
 def _gate_forward(f, fss, fbs, write_f, z1, zss, zbs, r, rss, rbs, has_r, kept, copy_z1, out, oss, obs,
                   gamma, shift, n, e, B):
-    # F = f gamma + shift_s (+ r); out <- z1 F; f <- F where write_f; kept <- z1 where copy_z1
+    # F = f gamma + shift_s (+ r); out <- z1 F; f <- F where write_f or r; kept <- z1 where copy_z1
     for i in prange(n):
         s = i // B
         b = i - s * B
@@ -36,17 +36,13 @@ def _gate_forward(f, fss, fbs, write_f, z1, zss, zbs, r, rss, rbs, has_r, kept, 
         oo = s * oss + b * obs
         orow = out[oo:oo + e]
         sh = shift[s]
-        if has_r:
+        if has_r:                       # F always written: backward could not recompute it
             ro = s * rss + b * rbs
             rr = r[ro:ro + e]
-            if write_f:
-                for j in range(e):
-                    F = fr[j] * gamma[j] + sh[j] + rr[j]
-                    fr[j] = F
-                    orow[j] = zr[j] * F
-            else:
-                for j in range(e):
-                    orow[j] = zr[j] * (fr[j] * gamma[j] + sh[j] + rr[j])
+            for j in range(e):
+                F = fr[j] * gamma[j] + sh[j] + rr[j]
+                fr[j] = F
+                orow[j] = zr[j] * F
         elif write_f:
             for j in range(e):
                 F = fr[j] * gamma[j] + sh[j]
@@ -139,7 +135,7 @@ def token_rows(a):
 
 def gate_forward(f, gamma, shift, residual, z1, out, write_f=True, copy_z1=True):
     """out = z1 * F with F = f gamma + shift (+ residual), in one pass; F written into f where
-    ``write_f``. Returns the contiguous copy of z1 where ``copy_z1`` (else True), or None where
+    ``write_f`` or there is a residual. Returns the contiguous copy of z1 where ``copy_z1`` (else True), or None where
     the kernel does not take the arrays."""
     arrays = [f, gamma, shift, z1, out] + ([residual] if residual is not None else [])
     if not compiled.applies(*arrays) or not f.size:
