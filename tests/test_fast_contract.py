@@ -27,6 +27,7 @@ from tinymlp.models import AMLP, GMLP, MLPMixer, create
 from tinymlp.ops.activation import GELU
 from tinymlp.ops.attention import Attention, SelfAttention, Softmax
 from tinymlp.ops.dropout import Dropout
+from tinymlp.ops.elementwise import Add
 from tinymlp.ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from tinymlp.ops.linear import Linear
 from tinymlp.ops.loss import CrossEntropy
@@ -173,6 +174,26 @@ def test_self_attention_gradient_is_laid_out_like_its_input():
     assert qkv.grad.transpose(1, 0, 2).flags.c_contiguous
 
 
+@given(B=dims, S=dims, C=dims, layouts=st.tuples(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS)),
+       pending=st.sampled_from([None, "a", "b", "both"]), broadcast=st.booleans(), seed=st.integers(0, 2**16))
+def test_add(B, S, C, layouts, pending, broadcast, seed):
+    """The residual sum: plain, or taking a Linear's pending bias from either input (any layouts),
+    or against a broadcast row."""
+    rng = np.random.default_rng(seed)
+    a, h = laid_out(rng, (B, S, C), layouts[0]), laid_out(rng, (B, S, C), layouts[1])
+    b = rng.standard_normal(C) if broadcast else laid_out(rng, (B, S, C), layouts[1])
+    w, bias = rng.standard_normal((C, C)), rng.standard_normal(C)
+
+    def residual(a, b, h, w, bias):
+        if pending in ("a", "both"):
+            a = F.linear(h, w, bias)
+        if pending in ("b", "both"):
+            b = F.linear(h * 2.0, w, bias)
+        return a + b
+
+    assert_same(run_both(residual, [a, b, h, w, bias], seed, expect=Add), what=f"{layouts} {pending}")
+
+
 @given(B=dims, S=dims, e=dims, variant=st.sampled_from(["split", "linear", "additive", "multiplicative"]),
        residual=st.booleans(), causal=st.booleans(), layout=st.sampled_from(["C", "token-major"]),
        seed=st.integers(0, 2**16))
@@ -240,7 +261,7 @@ def test_getitem_gradient_is_laid_out_like_its_input():
 
 
 def test_every_registered_implementation_is_covered_here():
-    tested = {Linear, GELU, LayerNorm, Softmax, Attention, SelfAttention, SpatialGating, Toeplitz1d, Toeplitz2d,
+    tested = {Add, Linear, GELU, LayerNorm, Softmax, Attention, SelfAttention, SpatialGating, Toeplitz1d, Toeplitz2d,
               Patchify, GetItem,
               dispatch.OPTIMIZER_STEP,    # test_flat_optimizer_equals_the_readable_one_...
               dispatch.CLIP_GRAD_NORM,    # CUDA only: test_cuda.py, test_cuda_without_gpu.py

@@ -119,3 +119,88 @@ def test_two_threads_reading_at_once_add_the_bias_once():
         for t in threads:
             t.join()
         np.testing.assert_allclose(h.data, expected, rtol=1e-12, atol=1e-12)
+
+
+def _token_major(a):
+    return np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2)
+
+
+def _step(layouts, which, dtype, g):
+    """x + linear(h) (or the other order, or two Linears summed) with the fast tier on and off:
+    ``[out, x.grad, h.grad, w.grad, b.grad]`` for each, and whether the bias was taken."""
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((4, 5, 6)).astype(dtype)
+    h0 = rng.standard_normal((4, 5, 3)).astype(dtype)
+    x0 = _token_major(x0) if layouts[0] == "token-major" else x0
+    h0 = _token_major(h0) if layouts[1] == "token-major" else h0
+    w0, b0 = rng.standard_normal((3, 6)).astype(dtype), rng.standard_normal(6).astype(dtype)
+    results, taken = [], []
+    for on in (True, False):
+        x, h, w, b = (Tensor(a, requires_grad=True, dtype=dtype) for a in (x0, h0, w0, b0))
+        with fast.enabled() if on else fast.disabled():
+            y = F.linear(h, w, b)
+            other = F.linear(x, Tensor(np.eye(6), dtype=dtype), b * 2.0) if which == "both" else x
+            out = y + other if which == "linear first" else other + y
+            taken.append(y._pending is not None)
+            out.backward(g)
+        results.append([out.data, x.grad, h.grad, w.grad, b.grad])
+    return results, taken[0]
+
+
+@pytest.mark.parametrize("which", ["linear first", "residual first", "both"])
+@pytest.mark.parametrize("layouts", [("C", "C"), ("token-major", "token-major"), ("C", "token-major")])
+def test_the_residual_sum_takes_the_bias_of_either_input(which, layouts):
+    """x + (h W + b): the sum adds the pending b in its own pass (one pass, where it was two) on
+    either side; where the layouts differ it is added first. Values and gradients: the reference's."""
+    g = np.random.default_rng(4).standard_normal((4, 5, 6))
+    results, taken = _step(layouts, which, "float64", g)
+    for fast_value, reference in zip(*results):
+        np.testing.assert_allclose(fast_value, reference, rtol=1e-12, atol=1e-12)
+    if layouts[0] == layouts[1]:
+        assert taken, "the sum settled the bias instead of taking it"
+
+
+@pytest.mark.parametrize("layout", ["C", "token-major"])
+def test_the_residual_sum_with_the_bias_rounds_as_the_reference(layout):
+    """float32: (h W + b) + x in one pass gives the two NumPy additions' result to the bit."""
+    g = np.ones((4, 5, 6), dtype=np.float32)
+    for which in ("linear first", "residual first"):
+        results, taken = _step((layout, layout), which, "float32", g)
+        assert taken
+        np.testing.assert_array_equal(results[0][0], results[1][0])
+
+
+def test_a_sum_with_a_number_or_a_broadcast_array_has_the_bias():
+    h, expected, _ = _pending_output()
+    np.testing.assert_allclose((h + 1.0).data, expected + 1.0, rtol=1e-12, atol=1e-12)
+    h, expected, _ = _pending_output()
+    row = np.arange(6.0)
+    np.testing.assert_allclose((h + Tensor(row)).data, expected + row, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose((Tensor(row) + h).data, expected + row, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(h.data, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("z_layout", ["token-major", "C"])
+def test_the_gating_unit_takes_its_residuals_bias(z_layout):
+    """aMLP: the gate residual is the attention's output projection, its bias pending; the SGU
+    adds it to its (S, e) shift (token-major z) or to a copy of the residual, never the caller's array."""
+    rng = np.random.default_rng(5)
+    B, S, e = 3, 4, 5
+    z0 = rng.standard_normal((B, S, 2 * e))
+    z0 = _token_major(z0) if z_layout == "token-major" else z0
+    a0 = _token_major(rng.standard_normal((B, S, 2)))
+    params0 = [rng.standard_normal((S, S)), rng.standard_normal(S), rng.standard_normal(e), rng.standard_normal(e),
+               rng.standard_normal((2, e)), rng.standard_normal(e)]
+    g = rng.standard_normal((B, S, e))
+    results, taken = [], []
+    for on in (True, False):
+        z, a, W, b, gamma, beta, wo, bo = (Tensor(v, requires_grad=True, dtype="float64") for v in [z0, a0] + params0)
+        with fast.enabled() if on else fast.disabled():
+            residual = F.linear(a, wo, bo)
+            out = F.spatial_gating(z, W, b, gamma, beta, gate_residual=residual)
+            taken.append(residual._pending is not None)
+            out.backward(g)
+            results.append([out.data, residual.data] + [t.grad for t in (z, a, W, b, gamma, beta, wo, bo)])
+    assert taken[0], "the SGU settled its residual's bias instead of taking it"
+    for fast_value, reference in zip(*results):
+        np.testing.assert_allclose(fast_value, reference, rtol=1e-10, atol=1e-12)

@@ -160,11 +160,13 @@ class Function:
         )
 
     @classmethod
-    def takes_bias(cls, x, bias, kwargs):
-        """Whether ``forward`` adds a bias its first input still lacks, in its own pass over it
-        (then called with ``bias=`` the vector, broadcast along x's last axis): the op that made
-        x may leave its bias pending (``ctx.pending_bias``). False here: x gets it added first."""
-        return False
+    def takes_bias(cls, index, x, bias, kwargs):
+        """The keyword under which ``forward`` takes a bias that its input number ``index``
+        (the array ``x``) still lacks, to add it in a pass of its own (the vector broadcast along
+        x's last axis), or None: the op that made x may leave its bias pending
+        (``ctx.pending_bias``). Such a forward must not save x: a later reader adds the bias into
+        x's memory. None here: x gets it added first."""
+        return None
 
     @staticmethod
     def backward(ctx, grad):
@@ -187,25 +189,21 @@ class Function:
         an input requires grad (and grad mode is on) the ``ctx`` becomes the output's node of
         the graph, so that ``backward`` is called during ``y.backward()``.
         """
-        first = args[0] if args and isinstance(args[0], Tensor) and args[0]._pending is not None else None
-        if first is not None and any(a is first for a in args[1:]):
-            first = None                                # (x op x: x gets its bias first)
-        if first is None:
-            arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-        else:                                           # x as it is, its bias pending
-            arrays = [first._array] + [a._data if isinstance(a, Tensor) else a for a in args[1:]]
+        arrays = [a._array if isinstance(a, Tensor) else a for a in args]     # a pending bias not added yet
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = is_grad_enabled() and any(needs)
         contract.check_inputs(cls, args, arrays, kwargs, record)
         # The one hook: the fast tier's implementation of this op on this device, if it registered
         # one (tinymlp/dispatch.py), else the class itself. Same contract, tested against it.
         impl = dispatch.implementation_for(cls, arrays)
-        if first is not None:       # the first input's bias is still to be added: by this op, or now
-            bias = first._pending
-            if bias is not None and impl.takes_bias(arrays[0], bias, kwargs):
-                kwargs = dict(kwargs, bias=bias)
-            else:
-                arrays[0] = first._data
+        for i, a in enumerate(args):    # an input's bias still to be added: by this op, or now
+            if isinstance(a, Tensor) and a._pending is not None:
+                bias = a._pending
+                key = None if sum(b is a for b in args) > 1 else impl.takes_bias(i, arrays[i], bias, kwargs)
+                if key is not None and bias is not None:      # (x op x: x gets its bias first)
+                    kwargs = dict(kwargs, **{key: bias})
+                else:
+                    arrays[i] = a._data
         ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
         out = impl.forward(ctx, *arrays, **kwargs)
         result = Tensor._from_op(out, ctx if record else None)

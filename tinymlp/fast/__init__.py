@@ -46,6 +46,7 @@ from .. import dispatch
 from ..ops.activation import GELU
 from ..ops.attention import Attention, SelfAttention, Softmax
 from ..ops.dropout import Dropout
+from ..ops.elementwise import Add
 from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
 from ..ops.linear import Linear
 from ..ops.loss import CrossEntropy
@@ -56,12 +57,14 @@ from .activation import CompiledGELU, CudaGELU, FastGELU
 from .attention import (CompiledAttention, CompiledSelfAttention, CompiledSoftmax, CudaAttention, CudaSelfAttention,
                         CudaSoftmax, FastAttention, FastSelfAttention, FastSoftmax)
 from .dropout import CudaDropout
-from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating, FastToeplitz1d, FastToeplitz2d
+from .elementwise import CompiledAdd
+from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating
 from .linear import FastLinear
 from .loss import CudaCrossEntropy
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm
 from .optim import CompiledFlatStep, CudaFlatStep, FlatStep, clip_grad_norm
 from .shape import FastGetItem, FastPatchify
+from .toeplitz import FastToeplitz1d, FastToeplitz2d
 
 __all__ = ["TABLE", "disabled", "enabled", "implementation", "implementations", "is_enabled", "register",
            "set_enabled"]
@@ -72,6 +75,7 @@ TABLE = [
     (Patchify,                  FastPatchify,        None,                   FastPatchify),
     (GetItem,                   FastGetItem,         None,                   FastGetItem),
     (GELU,                      FastGELU,            CompiledGELU,           CudaGELU),
+    (Add,                       None,                CompiledAdd,            None),
     (LayerNorm,                 FastLayerNorm,       CompiledLayerNorm,      CudaLayerNorm),
     (Softmax,                   FastSoftmax,         CompiledSoftmax,        CudaSoftmax),
     (Attention,                 FastAttention,       CompiledAttention,      CudaAttention),

@@ -62,9 +62,10 @@ class CompiledGELU(FastGELU):
     is then one pass over x W, where it was two (the bias added, then GELU)."""
 
     @staticmethod
-    def takes_bias(x, bias, kwargs):
-        return kwargs.get("approximate", True) and x.size > 0 and compiled.applies(x, bias) and \
+    def takes_bias(index, x, bias, kwargs):
+        takes = kwargs.get("approximate", True) and x.size > 0 and compiled.applies(x, bias) and \
             activation_numba.bias_layout(x) is not None
+        return "bias" if takes else None
 
     @staticmethod
     def forward(ctx, x, approximate=True, bias=None):

@@ -6,10 +6,10 @@ written as formulas, 9 in the chunked fast path), LayerNorm forward and backward
 centred copy, the scaled copy, ...), the optimizer's update (about ten). numba compiles each
 into ONE loop, run over all cores (``parallel=True``) for large arrays and on one core below
 ``PARALLEL_MIN`` elements, in float32 when the arrays are float32. The loops are in
-``fast/kernels/<topic>_numba.py`` (activation, attention, norm, gating, optim) and the classes
-that call them beside the NumPy and CUDA ones in ``fast/<topic>.py`` (``CompiledGELU``,
-``CompiledSoftmax``, ``CompiledAttention``, ``CompiledLayerNorm``, ``CompiledSpatialGating``,
-``CompiledFlatStep``). This module holds what
+``fast/kernels/<topic>_numba.py`` (activation, attention, elementwise, norm, gating, optim) and
+the classes that call them beside the NumPy and CUDA ones in ``fast/<topic>.py`` (``CompiledGELU``,
+``CompiledAdd``, ``CompiledSoftmax``, ``CompiledAttention``, ``CompiledLayerNorm``,
+``CompiledSpatialGating``, ``CompiledFlatStep``). This module holds what
 they share: numba's settings, ``jit`` and ``kernel`` (compiling and launching), and the switch.
 
 Each compiled class subclasses the NumPy fast implementation, so ``tests/test_fast_contract.py``

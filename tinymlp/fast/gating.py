@@ -17,9 +17,6 @@ needs it. N is rebuilt in backward into a buffer that then receives G_N; on the 
 G_F takes the memory of F, and the LayerNorm backward that of x_hat. The compiled split SGU saves
 z itself instead of z1's copy and x_hat (as much memory) and writes less (``CompiledSpatialGating``).
 
-Toeplitz weights: their backward is ``bincount`` with weights on the CPU (one pass, float64
-sums), ``add.at`` on CUDA (no host synchronisation).
-
 Three implementations, one per back end. ``FastSpatialGating`` is the NumPy code (and the same
 array code on CuPy); ``CompiledSpatialGating`` (CPU, numba installed) and ``CudaSpatialGating``
 (CUDA) replace three of its steps with kernels where the arrays suit them: the LayerNorm of z2
@@ -34,12 +31,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import array_module
-from ..ops.gating import SpatialGating, Toeplitz1d, Toeplitz2d
+from ..ops.gating import SpatialGating
 from . import compiled, cuda
 from .kernels import gating_cuda, gating_numba, norm_numba
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm, row_sum
 
-__all__ = ["CompiledSpatialGating", "CudaSpatialGating", "FastSpatialGating", "FastToeplitz1d", "FastToeplitz2d"]
+__all__ = ["CompiledSpatialGating", "CudaSpatialGating", "FastSpatialGating"]
 
 
 def _tm(a):
@@ -191,13 +188,21 @@ class CompiledSpatialGating(FastSpatialGating):
     split_gate_backward = staticmethod(gating_numba.gate_backward)
     affine = staticmethod(gating_numba.affine)
 
+    @staticmethod
+    def takes_bias(index, x, bias, kwargs):
+        """The gate residual's pending bias (aMLP's attention output projection's): added to
+        ``shift`` below, (S, e) numbers, instead of to the (B, S, e) residual."""
+        return "residual_bias" if index == 5 and compiled.applies(x, bias) else None
+
     @classmethod
     def forward(cls, ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
-                eps=1e-5, causal=False, variant="split"):
+                eps=1e-5, causal=False, variant="split", residual_bias=None):
         zt = _tm(z)
         inputs = [a for a in (z, weight, bias, norm_weight, norm_bias, gate_residual) if a is not None]
         ctx.saves_z = variant == "split" and zt.flags.c_contiguous and z.size > 0 and compiled.applies(*inputs)
         if not ctx.saves_z:
+            if residual_bias is not None:
+                gate_residual = gate_residual + residual_bias     # a new array: the caller's is not written
             return super().forward(ctx, z, weight, bias, norm_weight, norm_bias, gate_residual, eps=eps,
                                    causal=causal, variant=variant)
         S, B, width = zt.shape
@@ -207,6 +212,8 @@ class CompiledSpatialGating(FastSpatialGating):
         f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)           # W x_hat: one product
         del xhat
         shift = row_sum(w_eff)[:, None] * norm_bias + bias[:, None]
+        if residual_bias is not None:
+            shift = shift + residual_bias                            # the residual's bias, per (token, feature)
         residual = _tm(gate_residual) if gate_residual is not None else None
         if residual is not None and gating_numba.token_rows(residual) is None:
             residual = np.ascontiguousarray(residual)                # rows with unit stride, for the kernel
@@ -277,20 +284,3 @@ class CudaSpatialGating(FastSpatialGating):
         _, gf = gating_cuda.sgu_gate_backward(g, F, kept, dz1=dz1)
         return gf, None
 
-
-class _FastToeplitzBackward:
-    """The diagonal sums of dL/dW as ``bincount`` with weights on the CPU (one pass)."""
-
-    @classmethod
-    def backward(cls, ctx, g):
-        k = int(np.prod(ctx.shape))
-        dw = np.bincount(ctx.idx.ravel(), weights=g.ravel(), minlength=k)  # float64 sums
-        return dw.astype(g.dtype, copy=False).reshape(ctx.shape)
-
-
-class FastToeplitz1d(_FastToeplitzBackward, Toeplitz1d):
-    pass
-
-
-class FastToeplitz2d(_FastToeplitzBackward, Toeplitz2d):
-    pass
