@@ -112,6 +112,46 @@ def test_a_leaf_keeps_a_gradient_no_one_else_holds_without_copying_it():
     np.testing.assert_array_equal(x.grad, [2.0, 2.0])
 
 
+def test_gradients_that_meet_are_summed_into_an_array_no_one_else_holds():
+    """Where two paths' gradients meet (a residual stream read twice), the first path's fresh
+    array receives the second's: no new array for the sum. One that something else holds (a
+    saved array, one handed to two inputs) is never written."""
+    made = []
+
+    class Fresh(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            out = g * 2
+            made.append(weakref.ref(out))           # (a weak reference: a strong one would hold it)
+            return out
+
+    x = leaf([1.0, 2.0])
+    (Fresh.apply(x) + Fresh.apply(x) * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad, [8.0, 8.0])
+    assert any(r() is x.grad for r in made), "the sum of the two paths' gradients was a new array"
+
+    kept = np.array([5.0, 6.0])
+
+    class GivesKept(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return kept                            # an array someone else holds
+
+    y = leaf([1.0, 2.0])
+    u = y * 1.0
+    (GivesKept.apply(u) + GivesKept.apply(u) + u + u).sum().backward()
+    np.testing.assert_array_equal(kept, [5.0, 6.0])
+    np.testing.assert_array_equal(y.grad, [12.0, 14.0])
+
+
 def test_leaf_gradients_never_share_memory_with_each_other_or_a_saved_array():
     """What a leaf may not keep as it is: one array handed to two leaves (Add's backward), a view,
     an array a graph kept by retain_graph still holds. Accumulating into one leaf's .grad must

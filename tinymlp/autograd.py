@@ -269,7 +269,12 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
         for parent, ig in zip(node.parents, contract.gradients(node, node.fn.backward(node, g))):
             if parent is not None and ig is not None:       # one per input, shapes checked
                 prev = grads.get(id(parent))
-                grads[id(parent)] = ig if prev is None else prev + ig
+                if prev is None:
+                    grads[id(parent)] = ig
+                elif prev.base is None and getattr(prev.flags, "writeable", True) and sys.getrefcount(prev) <= 3:
+                    prev += ig                      # a whole array that only grads holds: no new one
+                else:
+                    grads[id(parent)] = prev + ig
         ig = prev = None              # (the loop's last values would count as holders of a gradient)
         if not retain_graph:
             guard.release(node)
