@@ -81,7 +81,8 @@ print("y =", y.item(), "| prod is a leaf?", prod.is_leaf, "| prod requires grad?
 plot.graph(y)      # the recorded graph: ops as boxes, tensors as ovals (leaves double-outlined)
 
 # %% [markdown]
-# Inputs on the left, the result on the right; `a` feeds two ops. `tinymlp.plot.graph(t)`
+# Inputs on the left, the result on the right; `a` feeds two ops (a box marked "(fast)" is an op
+# that ran tinymlp's faster implementation of it: same values, same gradients). `tinymlp.plot.graph(t)`
 # draws the graph behind any tensor (`plot.to_dot(t)` gives Graphviz text for the same
 # graph). Now run backward. Normally it frees the graph as it goes (section 4);
 # `retain_graph=True` keeps it, so that we can draw it again, now with the gradients the
