@@ -90,10 +90,9 @@ def test_leaf_grad_is_not_an_alias_of_an_array_in_the_graph():
     np.testing.assert_array_equal(x.grad, [2.0, 2.0])
 
 
-def test_a_leaf_keeps_a_gradient_no_one_else_holds_without_copying_it():
-    """A backward's fresh array becomes the leaf's .grad as it is (a copy would be one more
-    pass over memory, and one more launch a parameter on a GPU)."""
-    made = []
+def _fresh(made):
+    """A Function (x * 2) whose backward returns a new array and notes it in ``made`` (a weak
+    reference: a strong one would count as a holder)."""
 
     class Fresh(Function):
         @staticmethod
@@ -103,12 +102,19 @@ def test_a_leaf_keeps_a_gradient_no_one_else_holds_without_copying_it():
         @staticmethod
         def backward(ctx, g):
             out = g * 2
-            made.append(id(out))                   # (the id only: a reference would share it)
+            made.append(weakref.ref(out))
             return out
 
+    return Fresh
+
+
+def test_a_leaf_keeps_a_gradient_no_one_else_holds_without_copying_it():
+    """A backward's fresh array becomes the leaf's .grad as it is (a copy would be one more
+    pass over memory, and one more launch a parameter on a GPU)."""
+    made = []
     x = leaf([1.0, 2.0])
-    Fresh.apply(x).sum().backward()
-    assert id(x.grad) == made[0]
+    _fresh(made).apply(x).sum().backward()
+    assert made[0]() is x.grad
     np.testing.assert_array_equal(x.grad, [2.0, 2.0])
 
 
@@ -117,18 +123,7 @@ def test_gradients_that_meet_are_summed_into_an_array_no_one_else_holds():
     array receives the second's: no new array for the sum. One that something else holds (a
     saved array, one handed to two inputs) is never written."""
     made = []
-
-    class Fresh(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            out = g * 2
-            made.append(weakref.ref(out))           # (a weak reference: a strong one would hold it)
-            return out
-
+    Fresh = _fresh(made)
     x = leaf([1.0, 2.0])
     (Fresh.apply(x) + Fresh.apply(x) * 3.0).sum().backward()
     np.testing.assert_array_equal(x.grad, [8.0, 8.0])
