@@ -145,3 +145,30 @@ def test_the_numpy_softmax_steps_run_where_the_kernels_are_off(monkeypatch):
         assert_same(run_both(lambda x: F.softmax(x), [rng.standard_normal((5, 7))], expect=Softmax))
     finally:
         compiled.set_enabled(before)
+
+
+# --------------------------------------------------------------------------- the compile cache
+def _double(x, out):
+    # a kernel for the cache test: one loop that the parallel twin splits over the cores
+    for i in compiled.prange(x.shape[0]):
+        out[i] = 2 * x[i]
+
+
+@needs_numba
+def test_the_serial_and_the_parallel_kernel_each_load_their_own_code_from_the_cache(tmp_path, monkeypatch):
+    """numba keys its cache by function and signature, not by ``parallel=``: a pair compiled from one
+    function must not share entries, or a later process loads whichever compiled first for both (a
+    parallel kernel that runs on one core, or a serial one that wakes the threads on every call)."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(compiled._state, "cache", str(tmp_path))
+    x, out = np.arange(8.0), np.empty(8)
+    compiled.jit(_double)[1](x, out)                       # one process compiles the parallel kernel
+    serial, parallel = compiled.jit(_double)              # a later one, on the same cache
+    serial(x, out)
+    parallel(x, out)
+    np.testing.assert_array_equal(out, 2 * x)
+    assert not serial.stats.cache_hits, "the serial kernel loaded the parallel one's code"
+    assert sum(serial.stats.cache_misses.values()) == 1
+    assert sum(parallel.stats.cache_hits.values()) == 1, "the parallel kernel did not find its own entry"

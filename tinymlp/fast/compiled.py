@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import types
 import warnings
 
 import numpy as np
@@ -90,14 +91,26 @@ def _options(reduce):
     return dict(cache=cache, error_model="numpy", nogil=True, fastmath={"reassoc"} if reduce else {"contract"})
 
 
+def _twin(fn, tag):
+    """A copy of ``fn`` named ``<its name>.<tag>``. numba's cache files and index keys name the
+    function and the signature, not ``parallel=``: one function compiled both ways would share
+    one entry, and a later process would load whichever was compiled first for both (a parallel
+    kernel running on one core, or a serial one waking the threads on every call)."""
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin.__qualname__ = f"{fn.__qualname__}.{tag}"
+    twin.__module__ = fn.__module__
+    return twin
+
+
 def jit(fn, reduce=False):
     """``(serial, parallel)``: ``fn`` compiled on its first call, for one core and for all of them
-    (``reduce``: with the options of a loop that sums); None without numba."""
+    (``reduce``: with the options of a loop that sums), each under its own name in the cache;
+    None without numba."""
     numba = _state["numba"]
     if numba is None:
         return None
     options = _options(reduce)
-    return numba.njit(**options)(fn), numba.njit(parallel=True, **options)(fn)
+    return numba.njit(**options)(_twin(fn, "serial")), numba.njit(parallel=True, **options)(_twin(fn, "parallel"))
 
 
 def inline(fn):

@@ -41,92 +41,77 @@ def _tanh32(u):
 tanh32 = compiled.inline(_tanh32)
 
 
+def _gelu32_at(xi, c0, c1, c3, half, one):
+    # (y, dy/dx) at one point: y = x h, h = (1 + t)/2, t = tanh(c0 x (1 + c1 x^2));
+    # dy/dx = h + y (1 - t) c0 (1 + 3 c1 x^2)
+    x2 = xi * xi
+    t = tanh32(c0 * xi * (one + c1 * x2))
+    h = half * (one + t)
+    yi = xi * h
+    return yi, h + yi * (one - t) * (c0 * (one + c3 * x2))
+
+
+def _gelu64_at(xi, c0, c1, c3, half, one):
+    # the same in float64, with libm's tanh (float64 results as exact as the reference's)
+    x2 = xi * xi
+    t = np.tanh(c0 * xi * (one + c1 * x2))
+    h = half * (one + t)
+    yi = xi * h
+    return yi, h + yi * (one - t) * (c0 * (one + c3 * x2))
+
+
+gelu32_at, gelu64_at = compiled.inline(_gelu32_at), compiled.inline(_gelu64_at)
+
+
 def _gelu_tanh32(x, y, d, c0, c1, c3, half, one):
-    # y = x h, h = (1 + t)/2, t = tanh(c0 x (1 + c1 x^2)); d = h + y (1 - t) c0 (1 + 3 c1 x^2)
     for i in prange(x.shape[0]):
-        xi = x[i]
-        x2 = xi * xi
-        t = tanh32(c0 * xi * (one + c1 * x2))
-        h = half * (one + t)
-        yi = xi * h
-        y[i] = yi
-        d[i] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+        y[i], d[i] = gelu32_at(x[i], c0, c1, c3, half, one)
+
+
+def _gelu_tanh64(x, y, d, c0, c1, c3, half, one):
+    for i in prange(x.shape[0]):
+        y[i], d[i] = gelu64_at(x[i], c0, c1, c3, half, one)
 
 
 def _gelu_tanh32_value(x, y, c0, c1, half, one):
     for i in prange(x.shape[0]):
         xi = x[i]
-        t = tanh32(c0 * xi * (one + c1 * xi * xi))
-        y[i] = xi * (half * (one + t))
-
-
-def _gelu_tanh64(x, y, d, c0, c1, c3, half, one):
-    # the same in float64, with libm's tanh (float64 results as exact as the reference's)
-    for i in prange(x.shape[0]):
-        xi = x[i]
-        x2 = xi * xi
-        t = np.tanh(c0 * xi * (one + c1 * x2))
-        h = half * (one + t)
-        yi = xi * h
-        y[i] = yi
-        d[i] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+        y[i] = xi * (half * (one + tanh32(c0 * xi * (one + c1 * xi * xi))))
 
 
 def _gelu_tanh64_value(x, y, c0, c1, half, one):
     for i in prange(x.shape[0]):
         xi = x[i]
-        t = np.tanh(c0 * xi * (one + c1 * xi * xi))
-        y[i] = xi * (half * (one + t))
+        y[i] = xi * (half * (one + np.tanh(c0 * xi * (one + c1 * xi * xi))))
 
 
+# GELU of x + bias on x's memory seen as (rows, cols): the bias b[j] along each row (inner: x's
+# last axis is its fastest) or b[r] for all of row r (x's last axis its slowest). Each row is a
+# slice: indexed as x[r * cols + j], the parallel kernel's loop did not vectorise.
 def _gelu_tanh32_bias(x, b, inner, rows, cols, y, d, c0, c1, c3, half, one):
-    # _gelu_tanh32 of x + bias on x's memory seen as (rows, cols): the bias b[j] along each row
-    # (inner: x's last axis is its fastest) or b[r] for all of row r (x's last axis its slowest)
     for r in prange(rows):
         lo = r * cols
+        xr, yr, dr = x[lo:lo + cols], y[lo:lo + cols], d[lo:lo + cols]
         if inner:
             for j in range(cols):
-                xi = x[lo + j] + b[j]
-                x2 = xi * xi
-                t = tanh32(c0 * xi * (one + c1 * x2))
-                h = half * (one + t)
-                yi = xi * h
-                y[lo + j] = yi
-                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+                yr[j], dr[j] = gelu32_at(xr[j] + b[j], c0, c1, c3, half, one)
         else:
             br = b[r]
             for j in range(cols):
-                xi = x[lo + j] + br
-                x2 = xi * xi
-                t = tanh32(c0 * xi * (one + c1 * x2))
-                h = half * (one + t)
-                yi = xi * h
-                y[lo + j] = yi
-                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+                yr[j], dr[j] = gelu32_at(xr[j] + br, c0, c1, c3, half, one)
 
 
 def _gelu_tanh64_bias(x, b, inner, rows, cols, y, d, c0, c1, c3, half, one):
     for r in prange(rows):
         lo = r * cols
+        xr, yr, dr = x[lo:lo + cols], y[lo:lo + cols], d[lo:lo + cols]
         if inner:
             for j in range(cols):
-                xi = x[lo + j] + b[j]
-                x2 = xi * xi
-                t = np.tanh(c0 * xi * (one + c1 * x2))
-                h = half * (one + t)
-                yi = xi * h
-                y[lo + j] = yi
-                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+                yr[j], dr[j] = gelu64_at(xr[j] + b[j], c0, c1, c3, half, one)
         else:
             br = b[r]
             for j in range(cols):
-                xi = x[lo + j] + br
-                x2 = xi * xi
-                t = np.tanh(c0 * xi * (one + c1 * x2))
-                h = half * (one + t)
-                yi = xi * h
-                y[lo + j] = yi
-                d[lo + j] = h + yi * (one - t) * (c0 * (one + c3 * x2))
+                yr[j], dr[j] = gelu64_at(xr[j] + br, c0, c1, c3, half, one)
 
 
 def _multiply(a, b, out):
