@@ -27,6 +27,9 @@ after a kernel and starves OpenBLAS; set unless ``NUMBA_THREADING_LAYER`` is set
 first use compiles for about 5 s, later processes load the cache in a fraction of that. The
 cache goes to ``TINYMLP_CACHE_DIR``, else ``~/.cache/tinymlp/numba``, else the temporary
 folder; if none is writable the kernels compile in every process (``describe()`` says so).
+numba's cache knows a function by its name, line and signature, not by ``parallel=``, so ``jit``
+compiles two copies of each loop, named ``<name>.serial`` and ``<name>.parallel``: else a later
+process would load whichever was compiled first for both.
 """
 
 from __future__ import annotations
