@@ -172,3 +172,21 @@ def test_the_serial_and_the_parallel_kernel_each_load_their_own_code_from_the_ca
     assert not serial.stats.cache_hits, "the serial kernel loaded the parallel one's code"
     assert sum(serial.stats.cache_misses.values()) == 1
     assert sum(parallel.stats.cache_hits.values()) == 1, "the parallel kernel did not find its own entry"
+
+
+@needs_numba
+def test_a_kernel_compiled_with_other_options_does_not_load_the_old_code(tmp_path, monkeypatch):
+    """The cache key holds no compile options either: a kernel whose options changed (``reduce``, or
+    a new release's settings) must compile anew, not load the code built with the old ones."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(compiled._state, "cache", str(tmp_path))
+    x, out = np.arange(8.0), np.empty(8)
+    for pair in (compiled.jit(_double), compiled.jit(_double)):
+        pair[0](x, out)
+    assert sum(pair[0].stats.cache_hits.values()) == 1, "the same options did not find their entry"
+    summing = compiled.jit(_double, reduce=True)[0]       # other fastmath flags
+    summing(x, out)
+    np.testing.assert_array_equal(out, 2 * x)
+    assert not summing.stats.cache_hits, "the kernel loaded code compiled with other options"

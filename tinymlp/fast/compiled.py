@@ -27,9 +27,10 @@ after a kernel and starves OpenBLAS; set unless ``NUMBA_THREADING_LAYER`` is set
 first use compiles for about 5 s, later processes load the cache in a fraction of that. The
 cache goes to ``TINYMLP_CACHE_DIR``, else ``~/.cache/tinymlp/numba``, else the temporary
 folder; if none is writable the kernels compile in every process (``describe()`` says so).
-numba's cache knows a function by its name, line and signature, not by ``parallel=``, so ``jit``
-compiles two copies of each loop, named ``<name>.serial`` and ``<name>.parallel``: else a later
-process would load whichever was compiled first for both.
+numba's cache knows a function by its name, line and signature, not by ``parallel=`` or any other
+option, so ``jit`` compiles two copies of each loop, named ``<name>.serial_<digest>`` and
+``<name>.parallel_<digest>`` (the digest: the other options): else a later process would load
+whichever was compiled first for both, or code built with options since changed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import tempfile
 import threading
 import types
 import warnings
+import zlib
 
 import numpy as np
 
@@ -95,14 +97,18 @@ def _options(reduce):
 
 
 def _twin(fn, tag):
-    """A copy of ``fn`` named ``<its name>.<tag>``. numba's cache files and index keys name the
-    function and the signature, not ``parallel=``: one function compiled both ways would share
-    one entry, and a later process would load whichever was compiled first for both (a parallel
-    kernel running on one core, or a serial one waking the threads on every call)."""
+    """A copy of ``fn`` named ``<its name>.<tag>``: numba's cache files and index keys name the
+    function and the signature, not the compile options (see the module docstring)."""
     twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     twin.__qualname__ = f"{fn.__qualname__}.{tag}"
     twin.__module__ = fn.__module__
     return twin
+
+
+def _tag(parallel, options):
+    """``serial`` or ``parallel`` and a digest of the other options (the cache's own flag left out)."""
+    settings = sorted((k, sorted(v) if isinstance(v, set) else v) for k, v in options.items() if k != "cache")
+    return f"{'parallel' if parallel else 'serial'}_{zlib.crc32(repr(settings).encode()):08x}"
 
 
 def jit(fn, reduce=False):
@@ -113,7 +119,8 @@ def jit(fn, reduce=False):
     if numba is None:
         return None
     options = _options(reduce)
-    return numba.njit(**options)(_twin(fn, "serial")), numba.njit(parallel=True, **options)(_twin(fn, "parallel"))
+    return (numba.njit(**options)(_twin(fn, _tag(False, options))),
+            numba.njit(parallel=True, **options)(_twin(fn, _tag(True, options))))
 
 
 def inline(fn):
