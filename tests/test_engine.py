@@ -198,7 +198,7 @@ def test_graph_is_freed_after_backward():
     y.backward()
     gc.collect()
     assert mask() is None
-    assert h._ctx is tinymlp.graph.FREED and y._ctx is tinymlp.graph.FREED
+    assert h._ctx is autograd._FREED and y._ctx is autograd._FREED
     assert x._ctx is None  # leaves stay leaves
 
 
@@ -209,7 +209,7 @@ def test_retain_graph_keeps_saved_arrays():
     h.sum().backward(retain_graph=True)
     gc.collect()
     assert mask() is not None
-    assert h._ctx is not tinymlp.graph.FREED
+    assert h._ctx is not autograd._FREED
 
 
 # ------------------------------------------------------------------ no_grad
@@ -820,83 +820,3 @@ def test_the_engine_is_one_short_file_and_its_walk_is_the_one_in_graph():
     assert [id(n) for n in graph.ops(c)] == [id(n) for n in order[1:]]
     c.backward()
     assert graph.ops(c) == []                                         # freed by backward
-
-
-# --------------------------------------------------------------------------- a taken bias's gradient
-class _LeaveBias(Function):
-    """x + b with b left pending (as the fast Linear leaves its bias); records what its backward got."""
-
-    seen = []
-
-    @staticmethod
-    def forward(ctx, x, b):
-        ctx.pending_bias = b.copy()
-        return x.copy()
-
-    @staticmethod
-    def backward(ctx, grad):
-        given = getattr(ctx, "pending_bias_grad", None)
-        _LeaveBias.seen.append(given)
-        return grad, (given if given is not None else grad.reshape(-1, grad.shape[-1]).sum(axis=0))
-
-
-class _SquareTakingBias(Function):
-    """(x + bias)^2, the bias taken from its input; backward hands back the bias's gradient, summed."""
-
-    @classmethod
-    def takes_bias(cls, index, x, bias, kwargs):
-        return "bias"
-
-    @staticmethod
-    def forward(ctx, x, bias=None):
-        u = x + bias if bias is not None else x
-        ctx.save_for_backward(u)
-        ctx.took = bias is not None
-        return u * u
-
-    @staticmethod
-    def backward(ctx, grad):
-        (u,) = ctx.saved_tensors
-        dx = 2 * u * grad
-        if ctx.took:
-            ctx.taken_bias_grads = {0: dx.reshape(-1, dx.shape[-1]).sum(axis=0)}
-        return dx
-
-
-def _bias_case(seed=0):
-    rng = np.random.default_rng(seed)
-    x = Tensor(rng.standard_normal((4, 3)), requires_grad=True, dtype="float64")
-    b = Tensor(rng.standard_normal(3), requires_grad=True, dtype="float64")
-    return x, b, 2 * (x.data + b.data)
-
-
-def test_the_op_that_took_a_bias_hands_its_summed_gradient_to_the_op_that_left_it():
-    x, b, dsq = _bias_case()
-    _LeaveBias.seen.clear()
-    _SquareTakingBias.apply(_LeaveBias.apply(x, b)).sum().backward()
-    assert len(_LeaveBias.seen) == 1 and _LeaveBias.seen[0] is not None, "the producer summed the bias itself"
-    np.testing.assert_allclose(b.grad.data, dsq.sum(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(x.grad.data, dsq, rtol=1e-12)
-
-
-@pytest.mark.parametrize("other_first", [True, False])
-def test_a_taken_bias_gradient_is_not_handed_over_where_another_consumer_adds_to_it(other_first):
-    """With a second consumer, the producer's gradient is a sum: the taker's sums are only its share."""
-    x, b, dsq = _bias_case(1)
-    _LeaveBias.seen.clear()
-    h = _LeaveBias.apply(x, b)
-    parts = [_SquareTakingBias.apply(h).sum(), (h * 3.0).sum()]
-    (parts[0] + parts[1] if other_first else parts[1] + parts[0]).backward()
-    assert _LeaveBias.seen == [None]
-    np.testing.assert_allclose(b.grad.data, dsq.sum(axis=0) + 3 * x.shape[0], rtol=1e-12)
-
-
-def test_a_taken_bias_gradient_is_fresh_on_every_backward():
-    x, b, dsq = _bias_case(2)
-    _LeaveBias.seen.clear()
-    h = _LeaveBias.apply(x, b)
-    y = _SquareTakingBias.apply(h)
-    y.sum().backward(retain_graph=True)
-    y.sum().backward()
-    assert len(_LeaveBias.seen) == 2 and all(s is not None for s in _LeaveBias.seen)
-    np.testing.assert_allclose(b.grad.data, 2 * dsq.sum(axis=0), rtol=1e-12)

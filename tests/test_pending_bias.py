@@ -95,38 +95,6 @@ def test_gelu_takes_the_bias_in_its_own_pass_and_the_gradients_are_the_reference
         np.testing.assert_allclose(fast_value, reference, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("layout", ["C", "token-major", "token mixing"])
-@pytest.mark.parametrize("dtype,size", [("float64", 5), ("float32", 300)])     # 300: the parallel kernel
-def test_the_gelu_sums_the_bias_gradient_for_the_linear_in_its_own_pass(layout, dtype, size, monkeypatch):
-    """The Linear's bias gradient is the GELU's input gradient summed: the GELU that took the bias
-    sums it while it multiplies, and the Linear runs no sum of its own."""
-    import tinymlp.fast.linear as fast_linear
-
-    rng = np.random.default_rng(2)
-    x0 = rng.standard_normal((8, size, 16))
-    if layout != "C":
-        x0 = np.ascontiguousarray(x0.transpose(1, 0, 2)).transpose(1, 0, 2)
-    w0, b0 = rng.standard_normal((size if layout == "token mixing" else 16, 24)), rng.standard_normal(24)
-    sums = []
-    ones = fast_linear._ones
-    monkeypatch.setattr(fast_linear, "_ones", lambda *a: sums.append(a) or ones(*a))
-    grads = []
-    for on in (True, False):
-        x, w, b = (Tensor(a, requires_grad=True, dtype=dtype) for a in (x0, w0, b0))
-        with fast.enabled() if on else fast.disabled():
-            h = F.linear(x.swapaxes(1, 2) if layout == "token mixing" else x, w, b)
-            y = F.gelu(h)
-            g = np.empty_like(y.data)                  # laid out like y, as a model's gradient is
-            g[...] = np.random.default_rng(3).standard_normal(g.shape)
-            y.backward(g)
-        if on:
-            assert not sums, "the Linear summed its bias gradient itself"
-        grads.append([x.grad, w.grad, b.grad])
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == "float64" else dict(rtol=1e-4, atol=1e-4 * size)
-    for fast_grad, reference in zip(*grads):
-        np.testing.assert_allclose(fast_grad, reference, **tol)
-
-
 def test_the_bias_is_the_one_forward_saw():
     """An optimizer step between forward and the first read does not change the output."""
     h, expected, (_, _, b) = _pending_output()

@@ -69,10 +69,7 @@ class Context:
     One is read by ``apply``: ``ctx.pending_bias``, a vector forward has *not* added to its
     output along the last axis (the fast Linear's): the next op adds it in its own pass if
     its ``takes_bias`` says so (the compiled GELU), else the first read of the output's values
-    adds it in place; so no one ever sees the output without it. Backward, the taker may set
-    ``ctx.taken_bias_grads = {input: that bias's gradient}`` (the input's gradient summed over all
-    but the last axis); where it is the output's only consumer, the engine hands the sums to the
-    producer's backward as ``ctx.pending_bias_grad`` (else None), which then need not sum again.
+    adds it in place; so no one ever sees the output without it.
 
     The node does *not* keep its input tensors: only ``parents``, for each input that needs a
     gradient, the node that made it (or the leaf tensor itself). So an intermediate result
@@ -252,7 +249,6 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             raise RuntimeError(f"backward(): gradient of shape {grad.shape} for an output of shape {root.shape}")
 
     grads = {id(graph.node_of(root)): grad}      # node -> dL/d(its output), summed over its consumers
-    bias_sums = {}                                # node -> its pending bias's gradient, summed by the taker
     for node in reversed(graph.nodes(root)):      # outputs first: every consumer before its inputs
         g = grads.pop(id(node), None)
         if g is None:
@@ -263,31 +259,41 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             else:
                 node.grad += g
             continue
-        if node.fn is None:  # graph.FREED, or a node an earlier backward() went through
+        if node.fn is None:  # _FREED, or a node an earlier backward() went through
             raise RuntimeError(
                 "the graph behind this tensor was freed by an earlier backward(); "
                 "call backward(retain_graph=True) the first time to backpropagate twice"
             )
         node.retain_graph = retain_graph
-        node.pending_bias_grad = bias_sums.pop(id(node), None)    # its pending bias's, from the op that took it
-        node.taken_bias_grads = None
         guard.check_unmodified(node)
-        igs = contract.gradients(node, node.fn.backward(node, g))
-        taken = node.taken_bias_grads or {}     # {input: the gradient of the bias it took from it, summed}
-        for k, (parent, ig) in enumerate(zip(node.parents, igs)):
+        for parent, ig in zip(node.parents, contract.gradients(node, node.fn.backward(node, g))):
             if parent is not None and ig is not None:       # one per input, shapes checked
                 prev = grads.get(id(parent))
                 if prev is None:
                     grads[id(parent)] = ig
-                    if k in taken and not isinstance(parent, Tensor):
-                        bias_sums[id(parent)] = taken[k]
-                    continue
-                bias_sums.pop(id(parent), None)     # a second share: the sums were the first one's only
-                if prev.base is None and getattr(prev.flags, "writeable", True) and sys.getrefcount(prev) <= 3:
+                elif prev.base is None and getattr(prev.flags, "writeable", True) and sys.getrefcount(prev) <= 3:
                     prev += ig                      # a whole array that only grads holds: no new one
                 else:
                     grads[id(parent)] = prev + ig
-        ig = prev = igs = None        # (the loop's last values would count as holders of a gradient)
+        ig = prev = None              # (the loop's last values would count as holders of a gradient)
         if not retain_graph:
             guard.release(node)
-            graph.free(node)
+            _free(node)
+
+
+class _FreedNode:
+    """Placeholder node left behind by a freed graph, so a second backward fails clearly."""
+
+    fn = None
+    parents = ()
+
+
+_FREED = _FreedNode()
+
+
+def _free(ctx):
+    """Drop what ``ctx`` saved and cut it out of the graph; its output tensor now points at ``_FREED``."""
+    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
+    out = ctx.output() if ctx.output is not None else None
+    if out is not None:
+        out._ctx = _FREED

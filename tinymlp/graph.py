@@ -23,7 +23,7 @@ searches it.
 
 from __future__ import annotations
 
-__all__ = ["FREED", "FreedNode", "free", "node_of", "nodes", "ops", "parents"]
+__all__ = ["node_of", "nodes", "ops", "parents"]
 
 
 def node_of(tensor):
@@ -63,21 +63,3 @@ def ops(*tensors) -> list:
     """The op nodes behind ``tensors`` that can still run backward (not leaves, not freed),
     in topological order."""
     return [node for node in nodes(*tensors) if getattr(node, "fn", None) is not None]
-
-
-class FreedNode:
-    """Placeholder node left behind by a freed graph, so a second backward fails clearly."""
-
-    fn = None
-    parents = ()
-
-
-FREED = FreedNode()
-
-
-def free(ctx):
-    """Drop what ``ctx`` saved and cut it out of the graph; its output tensor now points at ``FREED``."""
-    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
-    out = ctx.output() if ctx.output is not None else None
-    if out is not None:
-        out._ctx = FREED

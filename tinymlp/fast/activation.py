@@ -59,9 +59,7 @@ class CompiledGELU(FastGELU):
     """GELU (tanh form) as one compiled pass writing y and dy/dx; the erf form is FastGELU's.
 
     It takes the bias a fast Linear leaves pending on its output (``takes_bias``): GELU(x W + b)
-    is then one pass over x W, where it was two (the bias added, then GELU); backward, the pass
-    that multiplies by dy/dx also sums the bias's gradient (``ctx.taken_bias_grads``), which the
-    engine hands to the Linear in place of its own sum."""
+    is then one pass over x W, where it was two (the bias added, then GELU)."""
 
     @staticmethod
     def takes_bias(index, x, bias, kwargs):
@@ -76,7 +74,6 @@ class CompiledGELU(FastGELU):
                 try:
                     y, dydx = activation_numba.gelu_tanh_bias(x, bias)
                     ctx.save_for_backward(dydx)
-                    ctx.took_bias = True        # backward sums the bias's gradient too
                     return y
                 except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
                     compiled.fail(exc)
@@ -94,11 +91,6 @@ class CompiledGELU(FastGELU):
     @staticmethod
     def backward(ctx, grad):
         (dydx,) = ctx.pop_saved()
-        if getattr(ctx, "took_bias", False):          # G * dy/dx and the taken bias's gradient, one pass
-            done = activation_numba.gelu_backward_sums(grad, dydx, overwrite=not ctx.retain_graph)
-            if done is not None:
-                ctx.taken_bias_grads = {0: done[1]}
-                return done[0]
         dx = activation_numba.gelu_backward(grad, dydx, overwrite=not ctx.retain_graph)
         if dx is not None:
             return dx

@@ -13,9 +13,7 @@ same way. The gradients are the reference's rules read in that order:
     rows    (X (N, D_in), G (N, D_out)):      dW = X^T G,     dX = G W^T,     db = 1^T G
     columns (X^T (D_in, N), G^T (D_out, N)):  dW = X^T (G^T)^T, dX^T = W G^T,   db = G^T 1
 
-Column and row sums are products with a ones vector (a GEMV: faster than ``sum`` on NumPy); the
-bias's needs none where the op that took it summed it in its own backward pass and was the
-output's only consumer (``ctx.pending_bias_grad``, handed over by the engine: the compiled GELU).
+Column and row sums are products with a ones vector (a GEMV: faster than ``sum`` on NumPy).
 On the last backward, X is released before dX is allocated, which lowers the step's peak.
 
 Where the compiled kernels take the arrays, the bias is left pending (``ctx.pending_bias``):
@@ -68,19 +66,18 @@ class FastLinear(Linear):
         xp = array_module(grad)
         d_out = weight.shape[1]
         Gt = same_layout(grad, ctx.order)       # G in the output's memory order
-        given = getattr(ctx, "pending_bias_grad", None) if need_b else None   # summed by the op that took the bias
         if ctx.kind == "rows":
             G = Gt.reshape(-1, d_out)                                 # (N, D_out)
             dw = X.T @ G if need_w else None
             del X
             dX = G @ weight.T if need_x else None
-            db = _ones(xp, G.shape[0], G.dtype) @ G if (need_b and ctx.has_bias and given is None) else given
+            db = _ones(xp, G.shape[0], G.dtype) @ G if (need_b and ctx.has_bias) else None
         else:
             G = Gt.reshape(d_out, -1)                                 # (D_out, N)
             dw = X @ G.T if need_w else None
             del X
             dX = weight @ G if need_x else None
-            db = G @ _ones(xp, G.shape[1], G.dtype) if (need_b and ctx.has_bias and given is None) else given
+            db = G @ _ones(xp, G.shape[1], G.dtype) if (need_b and ctx.has_bias) else None
         dx = None
         if dX is not None:
             shape_t = tuple(ctx.input_shapes[0][i] for i in ctx.order)

@@ -15,7 +15,7 @@ from .. import compiled
 from ..compiled import prange
 from ..layout import inverse, memory_order
 
-__all__ = ["bias_layout", "gelu_backward", "gelu_backward_sums", "gelu_tanh", "gelu_tanh_bias"]
+__all__ = ["bias_layout", "gelu_backward", "gelu_tanh", "gelu_tanh_bias"]
 
 
 def _tanh32(u):
@@ -119,35 +119,10 @@ def _multiply(a, b, out):
         out[i] = a[i] * b[i]
 
 
-def _multiply_sums(g, d, out, inner, rows, cols, part):
-    # out = g * d on (rows, cols), and the sums of out along the bias's axis, in float64: per
-    # column into part[block] (inner: the bias along each row), or per row into part[0] (outer)
-    if inner:
-        blocks = part.shape[0]
-        for p in prange(blocks):
-            acc = part[p]
-            for r in range(p * rows // blocks, (p + 1) * rows // blocks):
-                gr, dr, orow = g[r * cols:(r + 1) * cols], d[r * cols:(r + 1) * cols], out[r * cols:(r + 1) * cols]
-                for j in range(cols):
-                    v = gr[j] * dr[j]
-                    orow[j] = v
-                    acc[j] += v
-    else:
-        for r in prange(rows):
-            gr, dr, orow = g[r * cols:(r + 1) * cols], d[r * cols:(r + 1) * cols], out[r * cols:(r + 1) * cols]
-            total = 0.0
-            for j in range(cols):
-                v = gr[j] * dr[j]
-                orow[j] = v
-                total += v
-            part[0, r] = total
-
-
 GELU_TANH32, GELU_TANH32_VALUE = compiled.jit(_gelu_tanh32), compiled.jit(_gelu_tanh32_value)
 GELU_TANH64, GELU_TANH64_VALUE = compiled.jit(_gelu_tanh64), compiled.jit(_gelu_tanh64_value)
 GELU_TANH32_BIAS, GELU_TANH64_BIAS = compiled.jit(_gelu_tanh32_bias), compiled.jit(_gelu_tanh64_bias)
 MULTIPLY = compiled.jit(_multiply)
-MULTIPLY_SUMS = compiled.jit(_multiply_sums, reduce=True)
 
 
 def flat(x):
@@ -223,23 +198,3 @@ def gelu_backward(grad, dydx, overwrite):
     out = df if overwrite else np.empty_like(df)
     compiled.kernel(MULTIPLY, gf.size)(gf, df, out)
     return out.reshape(tuple(dydx.shape[i] for i in order)).transpose(inverse(order))
-
-
-def gelu_backward_sums(grad, dydx, overwrite):
-    """``(G * dy/dx, its sums over every axis but the last)`` in one compiled pass: the gradient of
-    the input and of the bias the GELU took (``takes_bias``); None where the kernel does not take
-    the arrays (the caller then multiplies, and the bias's owner sums)."""
-    df, order = flat(dydx)
-    where = bias_layout(dydx)
-    if not compiled.applies(grad, dydx) or df is None or where is None or memory_order(grad) != order or \
-            not grad.transpose(order).flags.c_contiguous:
-        return None
-    gf = grad.transpose(order).reshape(-1)
-    n = dydx.shape[-1]
-    rows, cols = (df.size // n, n) if where == "inner" else (n, df.size // max(n, 1))
-    blocks = max(1, min(rows, 4 * compiled.threads())) if df.size >= compiled.PARALLEL_MIN else 1
-    part = np.zeros((blocks, cols) if where == "inner" else (1, rows))
-    out = df if overwrite else np.empty_like(df)
-    compiled.kernel(MULTIPLY_SUMS, df.size)(gf, df, out, where == "inner", rows, cols, part)
-    dx = out.reshape(tuple(dydx.shape[i] for i in order)).transpose(inverse(order))
-    return dx, part.sum(axis=0).astype(dydx.dtype)
