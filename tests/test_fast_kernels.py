@@ -154,15 +154,20 @@ def _double(x, out):
         out[i] = 2 * x[i]
 
 
-@needs_numba
-def test_the_serial_and_the_parallel_kernel_each_load_their_own_code_from_the_cache(tmp_path, monkeypatch):
-    """numba keys its cache by function and signature, not by ``parallel=``: a pair compiled from one
-    function must not share entries, or a later process loads whichever compiled first for both (a
-    parallel kernel that runs on one core, or a serial one that wakes the threads on every call)."""
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """The kernels compiled from here on use a cache folder of their own, empty at first."""
     import numba
 
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(compiled._state, "cache", str(tmp_path))
+
+
+@needs_numba
+def test_the_serial_and_the_parallel_kernel_each_load_their_own_code_from_the_cache(empty_cache):
+    """numba keys its cache by function and signature, not by ``parallel=``: a pair compiled from one
+    function must not share entries, or a later process loads whichever compiled first for both (a
+    parallel kernel that runs on one core, or a serial one that wakes the threads on every call)."""
     x, out = np.arange(8.0), np.empty(8)
     compiled.jit(_double)[1](x, out)                       # one process compiles the parallel kernel
     serial, parallel = compiled.jit(_double)              # a later one, on the same cache
@@ -175,17 +180,14 @@ def test_the_serial_and_the_parallel_kernel_each_load_their_own_code_from_the_ca
 
 
 @needs_numba
-def test_a_kernel_compiled_with_other_options_does_not_load_the_old_code(tmp_path, monkeypatch):
+def test_a_kernel_compiled_with_other_options_does_not_load_the_old_code(empty_cache):
     """The cache key holds no compile options either: a kernel whose options changed (``reduce``, or
     a new release's settings) must compile anew, not load the code built with the old ones."""
-    import numba
-
-    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(compiled._state, "cache", str(tmp_path))
     x, out = np.arange(8.0), np.empty(8)
-    for pair in (compiled.jit(_double), compiled.jit(_double)):
-        pair[0](x, out)
-    assert sum(pair[0].stats.cache_hits.values()) == 1, "the same options did not find their entry"
+    compiled.jit(_double)[0](x, out)                       # compiled and cached
+    again = compiled.jit(_double)[0]                       # the same options, later
+    again(x, out)
+    assert sum(again.stats.cache_hits.values()) == 1, "the same options did not find their entry"
     summing = compiled.jit(_double, reduce=True)[0]       # other fastmath flags
     summing(x, out)
     np.testing.assert_array_equal(out, 2 * x)
