@@ -212,6 +212,51 @@ def test_retain_graph_keeps_saved_arrays():
     assert h._ctx is not autograd._FREED
 
 
+def _saved_array_probe(freed):
+    """A Function that saves its input and, in backward, drops it and records whether that freed it."""
+
+    class Probe(autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.pop_saved()
+            ref = weakref.ref(x)
+            del x
+            freed.append(ref() is None)
+            return grad * 2.0
+
+    return Probe
+
+
+def test_a_saved_array_dropped_on_the_last_backward_is_freed_there():
+    """What an op releases during its last backward (a Linear its input, before it allocates the
+    input's gradient) is freed then: the in-place guard, its check done, does not keep it alive."""
+    freed = []
+    Probe = _saved_array_probe(freed)
+    x = leaf(np.ones((4, 3)))
+    y = Probe.apply(x * 3.0).sum()          # the probe's input: an intermediate no one else holds
+    y.backward()
+    assert freed == [True]
+
+
+def test_a_retained_graph_keeps_the_saved_array_for_the_guard_of_the_next_backward():
+    freed = []
+    Probe = _saved_array_probe(freed)
+    x = leaf(np.ones((4, 3)))
+    h = x * 3.0
+    y = Probe.apply(h).sum()
+    del h
+    y.backward(retain_graph=True)
+    assert freed == [False]                 # the graph (and its guard) still needs it
+    y.backward()
+    assert freed == [False, True]
+    np.testing.assert_array_equal(x.grad, np.full((4, 3), 12.0))
+
+
 # ------------------------------------------------------------------ no_grad
 def test_no_grad_context_builds_no_graph():
     x = leaf([1.0, 2.0])

@@ -265,7 +265,7 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                 "call backward(retain_graph=True) the first time to backpropagate twice"
             )
         node.retain_graph = retain_graph
-        guard.check_unmodified(node)
+        guard.check_unmodified(node, last=not retain_graph)
         for parent, ig in zip(node.parents, contract.gradients(node, node.fn.backward(node, g))):
             if parent is not None and ig is not None:       # one per input, shapes checked
                 prev = grads.get(id(parent))
