@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------- the rules' data
 LAYERS = [
     ("backend", "dispatch"),
-    ("autograd", "contract", "grad_mode", "guard", "graph", "tensor"),
+    ("autograd", "contract", "grad_mode", "guard", "graph", "handover", "tensor"),
     ("ops", "functional"),
     ("fast",),
     ("nn", "optim"),
@@ -57,7 +57,7 @@ LIBRARY_CAP = 620
 OVER_CAP: dict[str, str] = {}
 """Library file (relative to tinymlp/) -> why it may pass its cap."""
 
-REFERENCE_TIER = ("autograd", "grad_mode", "guard", "graph", "tensor", "ops", "functional", "nn", "optim")
+REFERENCE_TIER = ("autograd", "grad_mode", "guard", "graph", "handover", "tensor", "ops", "functional", "nn", "optim")
 """What a student reads: none of it imports the fast tier (which finds its way in through the
 dispatch table and the optimizer's hook instead)."""
 

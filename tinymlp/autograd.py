@@ -15,21 +15,21 @@ the forward pass) and what forward saved.
 gradients of leaf tensors into ``.grad`` (``+=`` across calls, as in PyTorch: call
 ``zero_grad()`` between steps). Backward never builds a graph: it is plain array code.
 
-Five small modules stand beside this one, each one concept: ``grad_mode.py`` (``no_grad``:
+Six small modules stand beside this one, each one concept: ``grad_mode.py`` (``no_grad``:
 whether operations record a graph), ``graph.py`` (the walk in topological order),
 ``contract.py`` (the errors that name a Function's mistake: a gradient of the wrong shape,
-mixed precision), ``guard.py`` (refusing a backward whose saved inputs were changed in place)
-and ``dispatch.py`` (the table in which ``apply`` finds a Function's fast
-implementation: the one hook through which the fast tier, tinymlp/fast/, takes over an op).
+mixed precision), ``guard.py`` (refusing a backward whose saved inputs were changed in place),
+``dispatch.py`` (the table in which ``apply`` finds a Function's fast implementation: the one
+hook through which the fast tier, tinymlp/fast/, takes over an op) and ``handover.py`` (what
+an op of the fast tier hands the op that reads its output: a bias to add, a derivative).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import weakref
 
-from . import contract, dispatch, graph, guard
+from . import contract, dispatch, graph, guard, handover
 from .grad_mode import is_grad_enabled
 from .tensor import Tensor
 
@@ -66,10 +66,10 @@ class Context:
     ``retain_graph`` (False while backward runs for the last time: the engine drops what
     forward saved right after, so backward may write its result into a saved array it owns).
     Forward may set other attributes freely (``ctx.axis = axis``) for its backward to read.
-    One is read by ``apply``: ``ctx.pending_bias``, a vector forward has *not* added to its
-    output along the last axis (the fast Linear's): the next op adds it in its own pass if
-    its ``takes_bias`` says so (the compiled GELU), else the first read of the output's values
-    adds it in place; so no one ever sees the output without it.
+    Two are read by ``apply`` (tinymlp/handover.py): ``ctx.pending_bias``, a vector forward has
+    *not* added to its output (the fast Linear's: the next op adds it, or the first read of the
+    values), and ``ctx.elementwise_derivative``, the d of a backward that is grad * d (the fast
+    GELU's: the op that reads the output may multiply it in, in its own backward).
 
     The node does *not* keep its input tensors: only ``parents``, for each input that needs a
     gradient, the node that made it (or the leaf tensor itself). So an intermediate result
@@ -168,6 +168,14 @@ class Function:
         x's memory. None here: x gets it added first."""
         return None
 
+    @classmethod
+    def takes_derivative(cls, index, x, derivative, kwargs):
+        """The keyword under which ``forward`` takes the elementwise derivative d of the op that
+        made its input number ``index`` (``ctx.elementwise_derivative``: that op's backward is
+        grad * d), or None. A forward that takes it promises a backward that returns, for that
+        input, the gradient times d: the gradient of the op's own input (tinymlp/handover.py)."""
+        return None
+
     @staticmethod
     def backward(ctx, grad):
         """Given ``grad`` = dL/d(output), return dL/d(input) for every positional input of forward.
@@ -196,15 +204,11 @@ class Function:
         # The one hook: the fast tier's implementation of this op on this device, if it registered
         # one (tinymlp/dispatch.py), else the class itself. Same contract, tested against it.
         impl = dispatch.implementation_for(cls, arrays)
-        for i, a in enumerate(args):    # an input's bias still to be added: by this op, or now
-            if isinstance(a, Tensor) and a._pending is not None:
-                bias = a._pending
-                key = None if sum(b is a for b in args) > 1 else impl.takes_bias(i, arrays[i], bias, kwargs)
-                if key is not None and bias is not None:      # (x op x: x gets its bias first)
-                    kwargs = dict(kwargs, **{key: bias})
-                else:
-                    arrays[i] = a._data
+        # What the ops that made the inputs hand over (tinymlp/handover.py): a bias to add, a derivative
+        arrays, kwargs, links = handover.take(impl, args, arrays, kwargs, record)
         ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
+        if links:
+            ctx.parents = tuple(links.get(i, p) for i, p in enumerate(ctx.parents))
         out = impl.forward(ctx, *arrays, **kwargs)
         result = Tensor._from_op(out, ctx if record else None)
         guard.share_views(result, args, arrays)        # a view of an input shares its memory
@@ -215,19 +219,6 @@ class Function:
         if pending is not None:
             result._pending = pending
         return result
-
-
-_SETTLING = threading.Lock()
-
-
-def settle(t: Tensor) -> None:
-    """Add the bias the op that made ``t`` left pending (``Context.pending_bias``) into t's
-    array, in place, once (whichever thread reads first): every reader of the values but the op
-    that takes the bias in its own pass (``Function.takes_bias``) goes through here."""
-    with _SETTLING:
-        bias, t._pending = t._pending, None
-        if bias is not None:
-            t._array += bias
 
 
 # --------------------------------------------------------------------------- backward

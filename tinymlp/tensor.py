@@ -126,9 +126,9 @@ class Tensor:
     # ----------------------------------------------------------------- properties
     @property
     def _data(self):
-        """The array, with any bias left pending by the op that made it added first (``autograd.settle``)."""
+        """The array, with any bias left pending by the op that made it added first (``handover.settle``)."""
         if self._pending is not None:
-            _autograd.settle(self)
+            _handover.settle(self)
         return self._array
 
     @_data.setter
@@ -611,6 +611,7 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
 # the autograd engine and writes to the in-place guard, all of which build on the Tensor class
 # defined above.
 from . import autograd as _autograd  # noqa: E402
+from . import handover as _handover  # noqa: E402
 from . import grad_mode as _grad_mode  # noqa: E402
 from . import guard as _guard  # noqa: E402
 from . import ops as _ops  # noqa: E402

@@ -34,21 +34,10 @@ from ..backend import array_module
 from ..ops.gating import SpatialGating
 from . import compiled, cuda
 from .kernels import gating_cuda, gating_numba, norm_numba
+from .layout import empty_token_major, token_major_view
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm, row_sum
 
 __all__ = ["CompiledSpatialGating", "CudaSpatialGating", "FastSpatialGating"]
-
-
-def _tm(a):
-    """(B, S, .) <-> (S, B, .): the token-major view."""
-    return a.transpose(1, 0, 2)
-
-
-def _empty(shape_bs, token_major, xp, dtype):
-    """A new (B, S, .) array, token-major in memory when ``token_major``."""
-    if token_major:
-        return _tm(xp.empty((shape_bs[1], shape_bs[0], shape_bs[2]), dtype=dtype))
-    return xp.empty(shape_bs, dtype=dtype)
 
 
 class FastSpatialGating(SpatialGating):
@@ -79,8 +68,8 @@ class FastSpatialGating(SpatialGating):
                 eps=1e-5, causal=False, variant="split"):
         xp = array_module(z)
         gamma, beta = norm_weight, norm_bias
-        token_major = _tm(z).flags.c_contiguous
-        zt = _tm(z)                                                 # (S, B, 2e or e)
+        token_major = token_major_view(z).flags.c_contiguous
+        zt = token_major_view(z)                                    # (S, B, 2e or e)
         S, B, _ = zt.shape
         e = z.shape[-1] // 2 if variant == "split" else z.shape[-1]
         ut = zt[..., e:] if variant == "split" else zt
@@ -89,9 +78,9 @@ class FastSpatialGating(SpatialGating):
         xhat, rstd = cls.norm.normalize(ut, eps)                    # (S, B, e)
         f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W x_hat: one product
         shift = row_sum(w_eff)[:, None] * beta + bias[:, None]      # (S, e), shared by the batch
-        residual = _tm(gate_residual) if gate_residual is not None else None
-        out = _empty((B, S, e), token_major, xp, z.dtype)
-        out_t = _tm(out)
+        residual = token_major_view(gate_residual) if gate_residual is not None else None
+        out = empty_token_major((B, S, e), token_major, xp, z.dtype)
+        out_t = token_major_view(out)
         kept = cls.split_gate(f, gamma, shift, residual, zt[..., :e], out_t) if variant == "split" else None
         if kept is None:                                            # no kernel: step by step
             if variant == "split":
@@ -120,12 +109,12 @@ class FastSpatialGating(SpatialGating):
         xp = array_module(g)
         variant, e = ctx.variant, ctx.e
         last = not ctx.retain_graph       # the saved arrays may then serve as buffers
-        gt = _tm(g)
+        gt = token_major_view(g)
         S = xhat.shape[0]
 
         # dL/dF (token-major, contiguous) and the direct term, written straight into dL/dz
-        dz = _empty(ctx.input_shapes[0], ctx.token_major, xp, g.dtype) if need_z else None
-        dzt = _tm(dz) if need_z else None
+        dz = empty_token_major(ctx.input_shapes[0], ctx.token_major, xp, g.dtype) if need_z else None
+        dzt = token_major_view(dz) if need_z else None
         sums = None                                                 # the gate bias's gradient, if a kernel summed it
         done = cls.split_gate_backward(gt, ft, kt, dzt[..., :e] if need_z else None, ft if last else None) \
             if variant == "split" else None
@@ -152,7 +141,7 @@ class FastSpatialGating(SpatialGating):
                 dw = xp.tril(dw)
         if need_b:
             db = sums if sums is not None else row_sum(gf2)
-        da = _tm(gf) if need_a else None
+        da = token_major_view(gf) if need_a else None
 
         dgamma = dbeta = None
         if need_z or need_gamma or need_beta:
@@ -180,7 +169,9 @@ class CompiledSpatialGating(FastSpatialGating):
     F = (W x_hat) gamma + shift is recomputed where the gate reads it (with aMLP's residual, F is
     written over W x_hat instead: the residual is not kept). Forward writes one (S, B, e) array
     fewer than the generic path (no copy of z1), two fewer without a residual (F not written
-    either), and saves as much.
+    either), and saves as much. Where z is GELU's output, it takes GELU's dy/dx
+    (``takes_derivative``) and multiplies it into the gate's and the LayerNorm's backward passes,
+    which write dL/dz: it returns the gradient of GELU's input, and GELU's pass over memory is gone.
     """
 
     norm = CompiledLayerNorm
@@ -194,10 +185,21 @@ class CompiledSpatialGating(FastSpatialGating):
         ``shift`` below, (S, e) numbers, instead of to the (B, S, e) residual."""
         return "residual_bias" if index == 5 and compiled.applies(x, bias) else None
 
+    @staticmethod
+    def takes_derivative(index, x, derivative, kwargs):
+        """The derivative of the op that made z (GELU's dy/dx, laid out like z), multiplied into
+        the two passes that write dL/dz (the gate's and the LayerNorm's backward): backward then
+        returns the gradient of that op's input, and its own pass over memory is gone."""
+        takes = index == 0 and kwargs.get("variant", "split") == "split" and x.size > 0 and \
+            token_major_view(x).flags.c_contiguous and compiled.applies(x, derivative) and \
+            derivative.shape == x.shape and derivative.dtype == x.dtype and derivative.strides == x.strides
+        return "input_derivative" if takes else None
+
     @classmethod
     def forward(cls, ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
-                eps=1e-5, causal=False, variant="split", residual_bias=None):
-        zt = _tm(z)
+                eps=1e-5, causal=False, variant="split", residual_bias=None, input_derivative=None):
+        zt = token_major_view(z)
+        ctx.input_derivative = input_derivative
         inputs = [a for a in (z, weight, bias, norm_weight, norm_bias, gate_residual) if a is not None]
         ctx.saves_z = variant == "split" and zt.flags.c_contiguous and z.size > 0 and compiled.applies(*inputs)
         if not ctx.saves_z:
@@ -214,12 +216,12 @@ class CompiledSpatialGating(FastSpatialGating):
         shift = row_sum(w_eff)[:, None] * norm_bias + bias[:, None]
         if residual_bias is not None:
             shift = shift + residual_bias                            # the residual's bias, per (token, feature)
-        residual = _tm(gate_residual) if gate_residual is not None else None
+        residual = token_major_view(gate_residual) if gate_residual is not None else None
         if residual is not None and gating_numba.token_rows(residual) is None:
             residual = np.ascontiguousarray(residual)                # rows with unit stride, for the kernel
-        out = _empty((B, S, e), True, np, z.dtype)
-        cls.split_gate(f, norm_weight, shift, residual, zt[..., :e], _tm(out), write_f=residual is not None,
-                       copy_z1=False)
+        out = empty_token_major((B, S, e), True, np, z.dtype)
+        cls.split_gate(f, norm_weight, shift, residual, zt[..., :e], token_major_view(out),
+                       write_f=residual is not None, copy_z1=False)
         ctx.causal, ctx.raw = causal, residual is None
         ctx.save_for_backward(zt, w_eff, norm_weight, norm_bias, shift, mean, rstd, f)
         return out
@@ -227,7 +229,7 @@ class CompiledSpatialGating(FastSpatialGating):
     @classmethod
     def backward(cls, ctx, g):
         if not ctx.saves_z:
-            return super().backward(ctx, g)
+            return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
         zt, w_eff, gamma, beta, shift, mean, rstd, f = ctx.pop_saved()
         S, B, e = f.shape
         z2 = zt[..., e:]
@@ -236,17 +238,19 @@ class CompiledSpatialGating(FastSpatialGating):
             F = f * gamma + shift[:, None] if ctx.raw else f
             ctx.variant, ctx.e, ctx.token_major = "split", e, True
             ctx.save_for_backward(zt[..., :e], w_eff, gamma, beta, xhat, rstd.reshape(S, B, 1), F)
-            return super().backward(ctx, g)
+            return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
+        mt = token_major_view(ctx.input_derivative) if ctx.input_derivative is not None else None  # like z
         need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
-        gt = _tm(g)
+        gt = token_major_view(g)
         if gating_numba.token_rows(gt) is None or gt.dtype != f.dtype:
             gt = np.ascontiguousarray(gt, dtype=f.dtype)
-        dz = _empty(ctx.input_shapes[0], True, np, f.dtype) if need_z else None
-        dzt = _tm(dz) if need_z else None
+        dz = empty_token_major(ctx.input_shapes[0], True, np, f.dtype) if need_z else None
+        dzt = token_major_view(dz) if need_z else None
         last = not ctx.retain_graph
         gf, db, work = gating_numba.gate_backward_from_z(gt, f, zt, dzt[..., :e] if need_z else None,
                                                          f if last else None, gamma, shift, beta, mean, rstd,
-                                                         raw=ctx.raw, need_n=need_w)   # and N, rebuilt from z2
+                                                         raw=ctx.raw, need_n=need_w,   # and N, rebuilt from z2
+                                                         m1=mt[..., :e] if mt is not None else None)
         gf2 = gf.reshape(S, -1)                                      # G_F as an (S, B*e) matrix
         dw = None
         if need_w:
@@ -258,10 +262,18 @@ class CompiledSpatialGating(FastSpatialGating):
             work = np.empty_like(f) if work is None else work
             gn = np.matmul(w_eff.T, gf2, out=work.reshape(S, -1))  # W^T G_F
             du = dzt[..., e:].reshape(S * B, e) if need_z else None
+            times = mt[..., e:].reshape(S * B, e) if mt is not None else None
             _, dgamma, dbeta = norm_numba.backward_rows(gn.reshape(S * B, e), z2.reshape(S * B, e), mean, rstd, rstd,
-                                                        gamma, need_z, out=du)
+                                                        gamma, need_z, out=du, times=times)
         return (dz, dw, db if need_b else None, dgamma if need_gamma else None, dbeta if need_beta else None,
-                _tm(gf) if need_a else None)
+                token_major_view(gf) if need_a else None)
+
+
+def _times_derivative(grads, derivative):
+    """The gradients, dL/dz multiplied by the taken derivative (where there is one)."""
+    if derivative is not None and grads[0] is not None:
+        grads[0] *= derivative                                     # dL/dz: a new array of backward's own
+    return grads
 
 
 class CudaSpatialGating(FastSpatialGating):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..backend import array_module
 
-__all__ = ["as_matrix", "empty_like", "inverse", "memory_order", "rows", "same_layout"]
+__all__ = ["as_matrix", "empty_like", "empty_token_major", "inverse", "memory_order", "rows", "same_layout",
+           "token_major_view"]
 
 
 def memory_order(x):
@@ -62,3 +63,16 @@ def empty_like(x):
     """A new array of x's shape and dtype, laid out in x's memory order when x is contiguous in
     some order (``empty_like``'s order "K"), else C-contiguous."""
     return array_module(x).empty_like(x)
+
+
+def token_major_view(a):
+    """(B, S, .) <-> (S, B, .): the token-major view of a sequence of tokens (the patch embedding
+    lays its output out token-major in memory, and every fast op keeps that layout)."""
+    return a.transpose(1, 0, 2)
+
+
+def empty_token_major(shape, token_major_in_memory, xp, dtype):
+    """A new (B, S, .) array of ``shape``, token-major in memory when ``token_major_in_memory``."""
+    if token_major_in_memory:
+        return token_major_view(xp.empty((shape[1], shape[0], shape[2]), dtype=dtype))
+    return xp.empty(shape, dtype=dtype)

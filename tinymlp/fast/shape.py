@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..backend import array_module
 from ..ops.shape import GetItem, Patchify, scatter
-from .layout import inverse, memory_order
+from .layout import inverse, memory_order, token_major_view
 
 __all__ = ["FastGetItem", "FastPatchify"]
 
@@ -30,7 +30,7 @@ class FastPatchify(Patchify):
         src = images.reshape(B, C, gh, ph, gw, pw).transpose(2, 4, 0, 1, 3, 5)  # (g_h, g_w, B, C, P_h, P_w)
         out.reshape(gh, gw, B, C, ph, pw)[...] = src
         ctx.patch_size = patch_size
-        return out.transpose(1, 0, 2)                                            # seen as (B, S, K)
+        return token_major_view(out)                                             # seen as (B, S, K)
 
 
 class FastGetItem(GetItem):
