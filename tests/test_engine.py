@@ -243,6 +243,38 @@ def test_a_saved_array_dropped_on_the_last_backward_is_freed_there():
     assert freed == [True]
 
 
+def test_what_a_node_kept_on_ctx_is_freed_once_its_last_backward_ran():
+    """An array forward set as a ctx attribute (not saved) goes with the node, as soon as the
+    node's last backward has run: not at the end of the whole backward pass."""
+    seen = []
+
+    class Keeps(autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.kept = np.full(x.shape, 2.0)
+            seen.append(weakref.ref(ctx.kept))
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * ctx.kept
+
+    class Looks(autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.copy()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(seen[0]() is None)          # Keeps ran before this (it came later in forward)
+            return grad
+
+    x = leaf(np.ones(3))
+    Keeps.apply(Looks.apply(x)).sum().backward()
+    assert seen[1] is True
+    np.testing.assert_array_equal(x.grad, [2.0, 2.0, 2.0])
+
+
 def test_a_retained_graph_keeps_the_saved_array_for_the_guard_of_the_next_backward():
     freed = []
     Probe = _saved_array_probe(freed)

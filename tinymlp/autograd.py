@@ -283,8 +283,10 @@ _FREED = _FreedNode()
 
 
 def _free(ctx):
-    """Drop what ``ctx`` saved and cut it out of the graph; its output tensor now points at ``_FREED``."""
-    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
+    """Drop all that ``ctx`` kept (saved arrays, attributes forward set) and cut it out of the
+    graph; its output tensor now points at ``_FREED``."""
     out = ctx.output() if ctx.output is not None else None
+    vars(ctx).clear()
+    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
     if out is not None:
         out._ctx = _FREED
