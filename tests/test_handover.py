@@ -113,3 +113,32 @@ def test_no_derivative_is_taken_without_a_graph_or_from_a_c_ordered_z():
         (out * Tensor(g)).sum().backward()
     for a, b in zip(leaves, reference):
         np.testing.assert_allclose(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_an_op_with_a_second_input_that_needs_a_gradient_keeps_its_backward():
+    """A derivative offered by an op whose other input needs a gradient too is not taken: that
+    gradient comes from the op's own backward, which must still run."""
+    from tinymlp.autograd import Function
+
+    class Scale(Function):                      # y = x * s: dL/dx = grad * s, dL/ds = sum(grad * x)
+        @staticmethod
+        def forward(ctx, x, s):
+            ctx.save_for_backward(x, s)
+            ctx.elementwise_derivative = np.broadcast_to(s, x.shape)
+            return x * s
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, s = ctx.saved_tensors
+            return grad * s, np.array((grad * x).sum())
+
+    values, g, _ = _values(seed=4)
+    results = []
+    for on in (True, False):
+        leaves = _leaves(values) + [Tensor(np.array(1.5), requires_grad=True, dtype="float64")]
+        with fast.enabled() if on else fast.disabled():
+            z = Scale.apply(leaves[0], leaves[-1])
+            (F.spatial_gating(z, *leaves[1:5]) * Tensor(g)).sum().backward()
+        results.append([t.grad for t in leaves])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

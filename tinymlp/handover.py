@@ -9,13 +9,14 @@ which saves a pass over memory in the fast tier and changes no result.
   x W); every other reader of the values has it added first, in place, once (``settle``, which
   ``Tensor._data`` calls).
 - an *elementwise derivative*: an op whose backward is one product, dL/dx = grad * d, with d
-  saved by its forward (GELU's dy/dx), offers d as ``ctx.elementwise_derivative``. A reader of
-  its output may take d (its ``takes_derivative`` gives a keyword): its backward then returns
-  dL/dx itself, d multiplied into the gradient it writes for that input (the spatial gating
-  unit, in the passes that write dL/dz), and the engine links that input to x's node instead of
-  the op's: the op's backward pass over memory is gone. The chain rule is linear, so the sum
-  over all readers is unchanged; the op's own backward still runs for its other readers, and
-  then leaves d as it is (``ctx.derivative_shared``) rather than writing into it.
+  saved by its forward (GELU's dy/dx) and x its first input, the only one that needs a
+  gradient, offers d as ``ctx.elementwise_derivative``. A reader of its output may take d (its
+  ``takes_derivative`` gives a keyword): its backward then returns dL/dx itself, d multiplied
+  into the gradient it writes for that input (the spatial gating unit, in the passes that write
+  dL/dz), and the engine links that input to x's node instead of the op's: the op's backward
+  pass over memory is gone. The chain rule is linear, so the sum over all readers is unchanged;
+  the op's own backward still runs for its other readers, and then leaves d as it is
+  (``ctx.derivative_shared``) rather than writing into it.
 
 A tensor that appears twice among one op's inputs hands over neither (x op x).
 """
@@ -48,13 +49,19 @@ def take(impl, args, arrays, kwargs, record):
                 arrays[i] = a._data
         node = a._ctx
         d = getattr(node, "elementwise_derivative", None) if record and once else None
-        if d is not None and getattr(node, "fn", None) is not None:
+        if d is not None and getattr(node, "fn", None) is not None and _only_first(node.parents):
             key = impl.takes_derivative(i, arrays[i], d, kwargs)
             if key is not None:
                 kwargs = dict(kwargs, **{key: d})
                 links[i] = node.parents[0]
                 node.derivative_shared = True
     return arrays, kwargs, links
+
+
+def _only_first(parents):
+    """Whether the op's first input is the only one that needs a gradient: its whole backward is
+    then grad * d, and the reader that takes d leaves nothing of it undone."""
+    return parents[0] is not None and all(p is None for p in parents[1:])
 
 
 _SETTLING = threading.Lock()
