@@ -124,7 +124,7 @@ def test_an_op_with_a_second_input_that_needs_a_gradient_keeps_its_backward():
         @staticmethod
         def forward(ctx, x, s):
             ctx.save_for_backward(x, s)
-            ctx.elementwise_derivative = np.broadcast_to(s, x.shape)
+            ctx.elementwise_derivative = np.full_like(x, s)     # laid out like x (and y)
             return x * s
 
         @staticmethod
