@@ -15,7 +15,7 @@ import pytest
 
 import tinymlp
 import tinymlp.functional as F
-from tinymlp import Function, Tensor, autograd, contract, no_grad, tensor
+from tinymlp import Function, Tensor, autograd, contract, graph, no_grad, tensor
 from tinymlp.contract import GradientMismatchError
 from tinymlp.ops.elementwise import Mul
 
@@ -198,7 +198,7 @@ def test_graph_is_freed_after_backward():
     y.backward()
     gc.collect()
     assert mask() is None
-    assert h._ctx is autograd._FREED and y._ctx is autograd._FREED
+    assert h._ctx is graph.FREED and y._ctx is graph.FREED
     assert x._ctx is None  # leaves stay leaves
 
 
@@ -209,7 +209,7 @@ def test_retain_graph_keeps_saved_arrays():
     h.sum().backward(retain_graph=True)
     gc.collect()
     assert mask() is not None
-    assert h._ctx is not autograd._FREED
+    assert h._ctx is not graph.FREED
 
 
 def _saved_array_probe(freed):
@@ -287,6 +287,57 @@ def test_a_retained_graph_keeps_the_saved_array_for_the_guard_of_the_next_backwa
     y.backward()
     assert freed == [False, True]
     np.testing.assert_array_equal(x.grad, np.full((4, 3), 12.0))
+
+
+def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it():
+    """At a residual connection the engine offers the gradient already summed for an input
+    (``ctx.gradient_so_far``); a backward that adds into it and returns it saves the engine's
+    sum, and the leaf gets the same gradient."""
+    offered = []
+
+    class AddsInto(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 3.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            so_far = ctx.gradient_so_far(0)
+            offered.append(so_far is not None)
+            if so_far is None:
+                return grad * 3.0
+            so_far += grad * 3.0
+            return so_far
+
+    x = leaf(np.ones(4))
+    h = x * 1.0                                       # an op node: the sums meet there
+    (h * 2.0 + AddsInto.apply(h)).sum().backward()    # h's gradient: 2 from the product, then 3
+    assert offered == [True]
+    np.testing.assert_array_equal(x.grad, np.full(4, 5.0))
+
+
+def test_no_sum_is_offered_that_another_op_still_holds_or_that_views_another_array():
+    offered = []
+
+    class AddsInto(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 3.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            offered.append(ctx.gradient_so_far(0) is not None)
+            return grad * 3.0
+
+    x = leaf(np.ones((2, 3)))
+    h = x * 1.0
+    (AddsInto.apply(h)).sum().backward()              # nothing summed yet
+    h = x * 1.0
+    (h.reshape(6).reshape(2, 3) + AddsInto.apply(h)).sum().backward()   # the sum so far is a view
+    h = x * 1.0
+    (h + AddsInto.apply(h) + h * 0.0).sum().backward()  # the Add hands one array to two inputs
+    assert offered == [False, False, False]
+    np.testing.assert_array_equal(x.grad, np.full((2, 3), 3.0 + 4.0 + 4.0))   # three backward calls
 
 
 # ------------------------------------------------------------------ no_grad

@@ -92,6 +92,18 @@ class Context:
         """Keep arrays for backward (save the cheapest sufficient thing)."""
         self.saved_tensors = arrays
 
+    def gradient_so_far(self, index):
+        """While backward runs: the sum of the gradients the other readers of input ``index``
+        have sent it so far, if it is an array backward may add its own gradient into and then
+        return (one pass over memory fewer than the engine's sum: the fast LayerNorm's, at a
+        residual connection), else None."""
+        sums, parent = getattr(self, "_sums", None), self.parents[index]
+        prev = sums.get(id(parent)) if sums is not None and parent is not None else None
+        if prev is None or not _sole(prev):
+            return None
+        self._taken[index] = prev
+        return prev
+
     def pop_saved(self):
         """``saved_tensors``, for backward to unpack; on the last backward (``retain_graph``
         False) the ctx also lets go of them. Backward then holds the only references and can
@@ -250,43 +262,33 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
             else:
                 node.grad += g
             continue
-        if node.fn is None:  # _FREED, or a node an earlier backward() went through
+        if node.fn is None:  # graph.FREED, or a node an earlier backward() went through
             raise RuntimeError(
                 "the graph behind this tensor was freed by an earlier backward(); "
                 "call backward(retain_graph=True) the first time to backpropagate twice"
             )
-        node.retain_graph = retain_graph
+        node.retain_graph, node._sums, node._taken = retain_graph, grads, {}
         guard.check_unmodified(node, last=not retain_graph)
-        for parent, ig in zip(node.parents, contract.gradients(node, node.fn.backward(node, g))):
+        input_grads = contract.gradients(node, node.fn.backward(node, g))
+        taken, node._sums, node._taken = node._taken, None, None
+        for i, (parent, ig) in enumerate(zip(node.parents, input_grads)):
             if parent is not None and ig is not None:       # one per input, shapes checked
                 prev = grads.get(id(parent))
                 if prev is None:
                     grads[id(parent)] = ig
-                elif prev.base is None and getattr(prev.flags, "writeable", True) and sys.getrefcount(prev) <= 3:
+                elif taken.get(i) is ig:
+                    pass                            # backward added its share into it (``gradient_so_far``)
+                elif _sole(prev):
                     prev += ig                      # a whole array that only grads holds: no new one
                 else:
                     grads[id(parent)] = prev + ig
-        ig = prev = None              # (the loop's last values would count as holders of a gradient)
+        ig = prev = input_grads = taken = None  # (the loop's last values would hold gradients)
         if not retain_graph:
             guard.release(node)
-            _free(node)
+            graph.free(node)
 
 
-class _FreedNode:
-    """Placeholder node left behind by a freed graph, so a second backward fails clearly."""
-
-    fn = None
-    parents = ()
-
-
-_FREED = _FreedNode()
-
-
-def _free(ctx):
-    """Drop all that ``ctx`` kept (saved arrays, attributes forward set) and cut it out of the
-    graph; its output tensor now points at ``_FREED``."""
-    out = ctx.output() if ctx.output is not None else None
-    vars(ctx).clear()
-    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
-    if out is not None:
-        out._ctx = _FREED
+def _sole(g):
+    """Whether the gradient ``g`` is a whole writable array that only the engine's sums hold
+    (counted: the sums, the caller's name, this argument and getrefcount's)."""
+    return g.base is None and getattr(g.flags, "writeable", True) and sys.getrefcount(g) <= 4

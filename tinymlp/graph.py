@@ -1,4 +1,4 @@
-"""The graph that the forward pass records, and the one walk over it.
+"""The graph that the forward pass records, the one walk over it, and freeing a node.
 
 Nodes are of two kinds:
 
@@ -19,11 +19,14 @@ the search leaves it, which is after every node above it has been listed. ``back
 this list in reverse (outputs first), so that a node runs once, after every node that used its
 output has passed it its share of the gradient. ``plot.graph`` draws the same list, gradcheck
 searches it.
+
+After its last backward a node is freed (``free``): it drops all it kept and its output tensor
+points at ``FREED``, so a second backward through it fails with a clear message.
 """
 
 from __future__ import annotations
 
-__all__ = ["node_of", "nodes", "ops", "parents"]
+__all__ = ["FREED", "free", "node_of", "nodes", "ops", "parents"]
 
 
 def node_of(tensor):
@@ -63,3 +66,23 @@ def ops(*tensors) -> list:
     """The op nodes behind ``tensors`` that can still run backward (not leaves, not freed),
     in topological order."""
     return [node for node in nodes(*tensors) if getattr(node, "fn", None) is not None]
+
+
+class _FreedNode:
+    """Placeholder node left behind by a freed graph, so a second backward fails clearly."""
+
+    fn = None
+    parents = ()
+
+
+FREED = _FreedNode()
+
+
+def free(ctx):
+    """Drop all that ``ctx`` kept (saved arrays, attributes forward set) and cut it out of the
+    graph; its output tensor now points at ``FREED``."""
+    out = ctx.output() if ctx.output is not None else None
+    vars(ctx).clear()
+    ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
+    if out is not None:
+        out._ctx = FREED

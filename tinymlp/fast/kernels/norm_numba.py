@@ -47,10 +47,12 @@ def _ln_forward(x, xs, n, dim, w, b, eps, y, ys, mean, rstd):
             yr[j] = (xr[j] - mu_t) * r_t * w[j] + b[j]
 
 
-def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, dx, ds, need_dx, m, ms, dw_part, db_part, scratch):
+def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, dx, ds, need_dx, m, ms, add, dw_part, db_part,
+                 scratch):
     # x_hat = (x - mean) scale; G_hat = G w; dx = rstd (G_hat - mean(G_hat) - x_hat mean(G_hat x_hat)),
-    # times m (the derivative of the op that made x, taken over from it; ones: ms = 0);
-    # partial column sums of G x_hat (dw) and G (db) per block of rows, in float64
+    # times m (the derivative of the op that made x, taken over from it; ones: ms = 0), added to
+    # what dx holds where ``add``; partial column sums of G x_hat (dw) and G (db) per block of rows,
+    # in float64
     blocks = dw_part.shape[0]
     for p in prange(blocks):
         lo = p * n // blocks
@@ -80,10 +82,16 @@ def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, dx, ds, need_dx, m,
                 a_t = scratch[p, 0]
                 c_t = scratch[p, 1]
                 r_t = rstd[i]
-                for j in range(dim):
-                    gh = gr[j] * w[j]          # rounded as above: exact cancellations stay exact
-                    xh = (xr[j] - mu) * sc
-                    dr[j] = r_t * ((gh - a_t) - xh * c_t) * mr[j]
+                if add:
+                    for j in range(dim):
+                        gh = gr[j] * w[j]
+                        xh = (xr[j] - mu) * sc
+                        dr[j] += r_t * ((gh - a_t) - xh * c_t) * mr[j]
+                else:
+                    for j in range(dim):
+                        gh = gr[j] * w[j]      # rounded as above: exact cancellations stay exact
+                        xh = (xr[j] - mu) * sc
+                        dr[j] = r_t * ((gh - a_t) - xh * c_t) * mr[j]
 
 
 LN_FORWARD = compiled.jit(_ln_forward, reduce=True)
@@ -134,9 +142,9 @@ def forward_rows(X, w, b, eps):
     return Y, mean, rstd
 
 
-def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None):
-    """dX (into ``out`` when given; times the rows (N, D) ``times`` where given), dw, db (float64
-    column sums, cast) for rows (N, D)."""
+def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None, add=False):
+    """dX (into ``out`` when given, or added to it where ``add``; times the rows (N, D) ``times``
+    where given), dw, db (float64 column sums, cast) for rows (N, D)."""
     n, dim = G.shape
     blocks = max(1, min(n, 4 * compiled.threads())) if G.size >= compiled.PARALLEL_MIN else 1
     dw_part = np.zeros((blocks, dim))
@@ -147,7 +155,7 @@ def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None):
     (gf, gs), (xf, xs), (df, ds) = _flat_rows(G), _flat_rows(X), _flat_rows(dX)
     mf, ms = _flat_rows(times) if times is not None else (np.ones(dim, G.dtype), 0)
     compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1), df,
-                                         ds, need_dx, mf, ms, dw_part, db_part, scratch)
+                                         ds, need_dx, mf, ms, add and out is not None, dw_part, db_part, scratch)
     return (dX if need_dx else None), dw_part.sum(0).astype(G.dtype), db_part.sum(0).astype(G.dtype)
 
 
