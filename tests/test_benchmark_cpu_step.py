@@ -92,3 +92,45 @@ def test_cpu_step_splits_the_gap_to_pytorch_into_products_and_the_rest():
         assert "torch-matmul ms" not in out.stdout
     else:
         assert "torch-matmul ms" in out.stdout and "where fast - torch comes from" in out.stdout
+
+
+def test_step_toggles_switch_each_hand_over_off_and_back_on():
+    """benchmarks/step_toggles.py: inside each toggle's 'off' the feature's hook declines (the
+    LayerNorm is offered no sum, the gate takes no derivative, ...); outside, the hooks are back."""
+    import numpy as np
+
+    import tinymlp
+    import tinymlp.functional as F
+    from tinymlp import autograd, fast, graph
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import step_toggles
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def gelu_in_graph():
+        rng = np.random.default_rng(0)
+        z = rng.standard_normal((4, 3, 8)).transpose(1, 0, 2)       # token-major (B, S, 2e)
+        h, w, b, gamma, beta = (tinymlp.tensor(v, requires_grad=True) for v in
+                                (z, rng.standard_normal((4, 4)), np.zeros(4), np.ones(4), np.zeros(4)))
+        with fast.enabled():
+            out = F.spatial_gating(F.gelu(h), w, b, gamma, beta)
+        return any("GELU" in node.fn.__name__ for node in graph.ops(out))
+
+    offered = autograd.Context.gradient_so_far
+    assert not gelu_in_graph()
+    with step_toggles.TOGGLES["gelu-to-sgu"]():
+        assert gelu_in_graph()
+    with step_toggles.TOGGLES["ln-adds"]():
+        assert autograd.Context.gradient_so_far is not offered
+    assert autograd.Context.gradient_so_far is offered and not gelu_in_graph()
+
+
+@pytest.mark.parametrize("toggle", ["guard-frees", "gelu-to-sgu", "ln-adds", "pending-bias"])
+def test_step_toggles_runs(toggle):
+    script = SCRIPT.parent / "step_toggles.py"
+    out = subprocess.run([sys.executable, str(script), "--toggle", toggle, "--quick", "--models", "gmlp_mnist"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "gmlp_mnist" in out.stdout and "on - off" in out.stdout, out.stdout
