@@ -289,11 +289,9 @@ def test_a_retained_graph_keeps_the_saved_array_for_the_guard_of_the_next_backwa
     np.testing.assert_array_equal(x.grad, np.full((4, 3), 12.0))
 
 
-def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it():
-    """At a residual connection the engine offers the gradient already summed for an input
-    (``ctx.gradient_so_far``); a backward that adds into it and returns it saves the engine's
-    sum, and the leaf gets the same gradient."""
-    offered = []
+def _adds_into(offered, adds):
+    """A Function y = 3x whose backward records whether the engine offered it x's gradient so
+    far and, where ``adds``, adds its own into that sum and returns it."""
 
     class AddsInto(Function):
         @staticmethod
@@ -304,11 +302,20 @@ def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it():
         def backward(ctx, grad):
             so_far = ctx.gradient_so_far(0)
             offered.append(so_far is not None)
-            if so_far is None:
+            if so_far is None or not adds:
                 return grad * 3.0
             so_far += grad * 3.0
             return so_far
 
+    return AddsInto
+
+
+def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it():
+    """At a residual connection the engine offers the gradient already summed for an input
+    (``ctx.gradient_so_far``); a backward that adds into it and returns it saves the engine's
+    sum, and the leaf gets the same gradient."""
+    offered = []
+    AddsInto = _adds_into(offered, adds=True)
     x = leaf(np.ones(4))
     h = x * 1.0                                       # an op node: the sums meet there
     (h * 2.0 + AddsInto.apply(h)).sum().backward()    # h's gradient: 2 from the product, then 3
@@ -318,17 +325,7 @@ def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it():
 
 def test_no_sum_is_offered_that_another_op_still_holds_or_that_views_another_array():
     offered = []
-
-    class AddsInto(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 3.0
-
-        @staticmethod
-        def backward(ctx, grad):
-            offered.append(ctx.gradient_so_far(0) is not None)
-            return grad * 3.0
-
+    AddsInto = _adds_into(offered, adds=False)
     x = leaf(np.ones((2, 3)))
     h = x * 1.0
     (AddsInto.apply(h)).sum().backward()              # nothing summed yet
