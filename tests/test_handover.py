@@ -97,9 +97,30 @@ def test_finite_differences_agree_with_the_fast_block(residual):
         assert gradcheck(block, tuple(_leaves(values)))
 
 
-def test_no_derivative_is_taken_without_a_graph_or_from_a_c_ordered_z():
-    """Without a graph there is no backward to fold into; a z in C order (not token-major) goes
-    the generic way, and GELU keeps its own backward."""
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_taken_derivative_is_applied_when_the_kernels_are_switched_off_before_backward(residual):
+    """The gate took GELU's dy/dx in forward; with the compiled kernels off by backward, its NumPy
+    path runs and must still multiply dL/dz by it."""
+    values, g, _ = _values(seed=5, residual=residual)
+    leaves = _leaves(values)
+    with fast.enabled():
+        _, out = _block(*leaves)
+        assert "GELU" not in " ".join(_names(out))
+        compiled.set_enabled(False)
+        try:
+            (out * Tensor(g)).sum().backward()
+        finally:
+            compiled.set_enabled(True)
+    with fast.disabled():
+        reference = _leaves(values)
+        _, out = _block(*reference)
+        (out * Tensor(g)).sum().backward()
+    for a, b in zip(leaves, reference):
+        np.testing.assert_allclose(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_no_derivative_is_taken_from_a_c_ordered_z():
+    """A z in C order (not token-major) goes the generic way, and GELU keeps its own backward."""
     values, g, _ = _values(seed=3)
     values[0] = np.ascontiguousarray(values[0])
     leaves = _leaves(values)

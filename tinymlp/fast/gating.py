@@ -271,8 +271,9 @@ class CompiledSpatialGating(FastSpatialGating):
 
 def _times_derivative(grads, derivative):
     """The gradients, dL/dz multiplied by the taken derivative (where there is one)."""
-    if derivative is not None and grads[0] is not None:
-        grads[0] *= derivative                                     # dL/dz: a new array of backward's own
+    dz = grads[0]
+    if derivative is not None and dz is not None:
+        dz *= derivative                                           # a new array of backward's own
     return grads
 
 
