@@ -284,7 +284,6 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
                     grads[id(parent)] = prev + ig
         ig = prev = input_grads = taken = None  # (the loop's last values would hold gradients)
         if not retain_graph:
-            guard.release(node)
             graph.free(node)
 
 

@@ -23,10 +23,10 @@ refused on both devices), but no checksum is taken (it would read device memory 
 every step), so a write through ``t.data`` of a CUDA tensor is not seen there.
 
 The interface: ``Function.apply`` calls ``share_views`` and ``record``; ``backward()`` calls
-``check_unmodified`` before a node's backward (before its last one, the records then let go of
-the arrays: the guard never keeps alive what backward frees) and ``release`` after its last
-one; ``Tensor`` calls ``mark_written``, ``storage_of`` and ``before_raw_access``; ``nn`` and
-``optim`` call ``mark_written`` when they write into parameters.
+``check_unmodified`` before a node's backward (before its last one it then releases the
+node's records, ``release``: the guard never keeps alive what backward frees); ``Tensor`` calls
+``mark_written``, ``storage_of`` and ``before_raw_access``; ``nn`` and ``optim`` call
+``mark_written`` when they write into parameters.
 """
 
 from __future__ import annotations
@@ -190,9 +190,9 @@ def record(ctx, args, arrays, kwargs=None) -> list:
 
 def check_unmodified(node, last=False) -> None:
     """Raise if an input saved by ``node``'s forward was changed in place since (see above).
-    Before the node's last backward (``last``) the records then let go of the arrays, so that
-    what that backward drops is freed at once (a Linear its input, before it allocates the
-    input's gradient): nothing checks them again."""
+    Before the node's last backward (``last``) its records are then released: nothing checks
+    them again, and the guard holds none of the arrays, so what that backward drops is freed at
+    once (a Linear its input, before it allocates the input's gradient)."""
     for s in getattr(node, "guarded", ()):
         if isinstance(s, Constant):
             if _checksum(s.array) != s.checksum:
@@ -217,12 +217,12 @@ def check_unmodified(node, last=False) -> None:
             "or run backward() first"
         )
     if last:
-        for s in getattr(node, "guarded", ()):
-            s.array = None
+        release(node)
 
 
 def release(node) -> None:
-    """The node ran its last backward: its records leave the storages' lists."""
+    """The node's last backward is next: its records leave the storages' lists and the node."""
     for s in getattr(node, "guarded", ()):
         if isinstance(s, Saved) and s in s.storage.saves:
             s.storage.saves.remove(s)
+    node.guarded = ()
