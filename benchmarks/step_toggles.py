@@ -10,8 +10,9 @@ median of the per-pair differences (on - off).
 
 Toggles (each switched off by making its hook decline):
 
-- ``guard-frees``: the in-place guard lets go of a node's saved arrays before its last backward
-  (off: it keeps them through it, so the early frees of backward free nothing);
+- ``guard-frees``: the in-place guard releases a node's records (and so its saved arrays) before
+  its last backward (off: it keeps them through it, until its storages' lists are next pruned,
+  so the early frees of backward free nothing);
 - ``gelu-to-sgu``: GELU hands its dy/dx to the spatial gating unit (off: GELU's own backward);
 - ``ln-adds``: LayerNorm's backward adds dx into the residual path's gradient (off: the engine
   sums dx and that gradient in a pass of its own);
