@@ -183,3 +183,33 @@ def test_at_a_residual_the_compiled_layernorm_adds_its_gradient_into_the_residua
     assert added == [True]
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows, dim", [(21, 8), (2053, 128)])     # the second above PARALLEL_MIN
+def test_the_compiled_float32_sums_stay_within_float32_accuracy_of_the_float64_formulas(rows, dim):
+    """The compiled kernels sum in float32 (each row's D values; the parameters' column sums over
+    runs of rows, each run then added in float64): y, dx, dweight and dbias stay within float32
+    accuracy of float64 formulas, with a last run shorter than the others (21 and 2053 rows)."""
+    from tinymlp.fast import compiled
+    from tinymlp.fast.kernels import norm_numba
+
+    if not compiled.available():
+        pytest.skip("the compiled LayerNorm")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((rows, dim)) * 3 + 2).astype(np.float32)
+    g = rng.standard_normal((rows, dim)).astype(np.float32)
+    w, b = rng.standard_normal(dim).astype(np.float32), rng.standard_normal(dim).astype(np.float32)
+    y, mean, rstd = norm_numba.forward_rows(x, w, b, 1e-5)
+    dx, dw, db = norm_numba.backward_rows(g, x, mean, rstd, rstd, w, True)
+
+    x64, g64, w64 = x.astype(np.float64), g.astype(np.float64), w.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    r = 1 / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    xhat = (x64 - mu) * r
+    gh = g64 * w64
+    dx64 = r * (gh - gh.mean(-1, keepdims=True) - xhat * (gh * xhat).mean(-1, keepdims=True))
+    np.testing.assert_allclose(mean, mu[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, xhat * w64 + b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, dx64, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw, (g64 * xhat).sum(0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(db, g64.sum(0), rtol=1e-5, atol=1e-4)

@@ -1,11 +1,16 @@
 """LayerNorm on the CPU, compiled by numba: one pass over the rows forward, one backward.
 
-Forward computes each row's mean and 1/std (sums in float64) and writes y; backward computes
-dx row by row and the column sums of G x_hat (dweight) and G (dbias) as per-thread partial
-sums, added at the end. The fast tier's ``CompiledLayerNorm`` (fast/norm.py) saves x, the row
-means and 1/std (no x_hat is written: backward recomputes x_hat = (x - mean) / std on the fly);
-the SGU's LayerNorm uses ``normalize`` and ``layer_norm_backward``, with x_hat saved. The
-formulas are derived in ops/norm.py.
+Forward computes each row's mean and 1/std and writes y; backward computes dx row by row and
+the column sums of G x_hat (dweight) and G (dbias) as per-block partial sums, added at the end.
+Sums run in the arrays' dtype, where they vectorise (float64 sums made float32 kernels 20-35%
+slower): a row's sums over its D values, and the column sums over runs of ``RUN`` rows, each run
+then added into float64 partials. A float32 row whose sum or sum of squares overflows (|x - mean|
+beyond 1.8e19) is summed again in float64, so huge rows normalise as the reference's do.
+
+The fast tier's ``CompiledLayerNorm`` (fast/norm.py) saves x, the row means and 1/std (no x_hat
+is written: backward recomputes x_hat = (x - mean) / std on the fly); the SGU's LayerNorm uses
+``normalize`` and ``layer_norm_backward``, with x_hat saved. The formulas are derived in
+ops/norm.py.
 
 The kernels take each matrix as a flat C-contiguous buffer and a row stride (in elements):
 rows may be spaced wider than they are long (the SGU's z2 half of each row of z), and numba
@@ -13,8 +18,6 @@ vectorises only loops over arrays it knows to be contiguous.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -25,62 +28,90 @@ from ..layout import inverse, memory_order
 __all__ = ["backward_rows", "forward_rows", "layer_norm_backward", "normalize", "row_matrix"]
 
 
-def _ln_forward(x, xs, n, dim, w, b, eps, y, ys, mean, rstd):
-    # rows of x (N, D): mean, 1/std, y = (x - mean)/std * w + b; float64 sums
+RUN = 16
+"""Rows whose column sums (dweight, dbias) backward adds in the arrays' dtype before adding them
+into the float64 partials."""
+
+
+def _ln_forward(x, xs, n, dim, w, b, eps, size, y, ys, mean, rstd):
+    # rows of x (N, D): mean, 1/std, y = (x - mean)/std * w + b; sums in x's dtype (``size`` is D
+    # in it), again in float64 for a row where they overflow
+    zero = size - size
     for i in prange(n):
         xr = x[i * xs:i * xs + dim]      # a contiguous slice: the loops below vectorise
         yr = y[i * ys:i * ys + dim]
-        s = 0.0
+        s = zero
         for j in range(dim):
             s += xr[j]
-        mu = s / dim
-        ss = 0.0
+        mu = s / size
+        ss = zero
         for j in range(dim):
             c = xr[j] - mu
             ss += c * c
-        r = 1.0 / math.sqrt(ss / dim + eps)
-        mean[i] = mu
-        rstd[i] = r
+        if not (abs(s) < np.inf and ss < np.inf):     # float32 overflowed (or NaN: it stays NaN)
+            s64 = 0.0
+            for j in range(dim):
+                s64 += xr[j]
+            mu64 = s64 / dim
+            ss64 = 0.0
+            for j in range(dim):
+                c64 = xr[j] - mu64
+                ss64 += c64 * c64
+            mean[i] = mu64
+            rstd[i] = 1.0 / np.sqrt(ss64 / dim + eps)
+        else:
+            mean[i] = mu
+            rstd[i] = np.float32(1) / np.sqrt(ss / size + eps)
         mu_t = mean[i]       # read back: in x's dtype, so the loop below stays in it
         r_t = rstd[i]
         for j in range(dim):
             yr[j] = (xr[j] - mu_t) * r_t * w[j] + b[j]
 
 
-def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, dx, ds, need_dx, m, ms, add, dw_part, db_part,
-                 scratch):
+def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, size, dx, ds, need_dx, m, ms, add, dw_part, db_part,
+                 run_sums):
     # x_hat = (x - mean) scale; G_hat = G w; dx = rstd (G_hat - mean(G_hat) - x_hat mean(G_hat x_hat)),
     # times m (the derivative of the op that made x, taken over from it; ones: ms = 0), added to
-    # what dx holds where ``add``; partial column sums of G x_hat (dw) and G (db) per block of rows,
-    # in float64
+    # what dx holds where ``add``; column sums of G x_hat (dw) and G (db) per block of rows: over
+    # runs of RUN rows in x's dtype (``run_sums[p]``; ``size`` is D in it), each run added into the
+    # float64 partials
     blocks = dw_part.shape[0]
+    zero = size - size
     for p in prange(blocks):
         lo = p * n // blocks
         hi = (p + 1) * n // blocks
         dwp = dw_part[p]
         dbp = db_part[p]
+        dwr = run_sums[p, 0]
+        dbr = run_sums[p, 1]
         for i in range(lo, hi):
+            if (i - lo) % RUN == 0:
+                for j in range(dim):
+                    dwr[j] = zero
+                    dbr[j] = zero
             gr = g[i * gs:i * gs + dim]
             xr = x[i * xs:i * xs + dim]
             mu = mean[i]
             sc = scale[i]
-            a = 0.0
-            c = 0.0
+            a = zero
+            c = zero
             for j in range(dim):
                 xh = (xr[j] - mu) * sc
                 gj = gr[j]
-                dwp[j] += gj * xh
-                dbp[j] += gj
+                dwr[j] += gj * xh
+                dbr[j] += gj
                 gh = gj * w[j]
                 a += gh
                 c += gh * xh
+            if (i - lo) % RUN == RUN - 1 or i == hi - 1:
+                for j in range(dim):
+                    dwp[j] += dwr[j]
+                    dbp[j] += dbr[j]
             if need_dx:
                 dr = dx[i * ds:i * ds + dim]
                 mr = m[i * ms:i * ms + dim]
-                scratch[p, 0] = a / dim       # read back in x's dtype
-                scratch[p, 1] = c / dim
-                a_t = scratch[p, 0]
-                c_t = scratch[p, 1]
+                a_t = a / size
+                c_t = c / size
                 r_t = rstd[i]
                 if add:
                     for j in range(dim):
@@ -137,25 +168,27 @@ def forward_rows(X, w, b, eps):
     mean = np.empty(n, dtype=X.dtype)
     rstd = np.empty(n, dtype=X.dtype)
     xf, xs = _flat_rows(X)
+    t = X.dtype.type
     compiled.kernel(LN_FORWARD, X.size)(xf, xs, n, dim, _param(w, dim, X.dtype, 1), _param(b, dim, X.dtype, 0),
-                                        float(eps), Y.reshape(-1), dim, mean, rstd)
+                                        t(eps), t(dim), Y.reshape(-1), dim, mean, rstd)
     return Y, mean, rstd
 
 
 def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None, add=False):
     """dX (into ``out`` when given, or added to it where ``add``; times the rows (N, D) ``times``
-    where given), dw, db (float64 column sums, cast) for rows (N, D)."""
+    where given), dw, db (column sums over runs of ``RUN`` rows, added in float64, cast) for rows (N, D)."""
     n, dim = G.shape
     blocks = max(1, min(n, 4 * compiled.threads())) if G.size >= compiled.PARALLEL_MIN else 1
     dw_part = np.zeros((blocks, dim))
     db_part = np.zeros((blocks, dim))
     dX = ((out if out is not None else np.empty((n, dim), dtype=G.dtype)) if need_dx
           else np.empty((1, dim), dtype=G.dtype))
-    scratch = np.empty((blocks, 2), dtype=G.dtype)
+    run_sums = np.empty((blocks, 2, dim), dtype=G.dtype)
     (gf, gs), (xf, xs), (df, ds) = _flat_rows(G), _flat_rows(X), _flat_rows(dX)
     mf, ms = _flat_rows(times) if times is not None else (np.ones(dim, G.dtype), 0)
-    compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1), df,
-                                         ds, need_dx, mf, ms, add and out is not None, dw_part, db_part, scratch)
+    compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1),
+                                         G.dtype.type(dim), df, ds, need_dx, mf, ms, add and out is not None, dw_part,
+                                         db_part, run_sums)
     return (dX if need_dx else None), dw_part.sum(0).astype(G.dtype), db_part.sum(0).astype(G.dtype)
 
 
