@@ -519,6 +519,7 @@ def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype,
     """The split gate's kernels (F, z1 * F; G * F, G * z1, the bias's sums; N) on the layouts the
     models give them: z token-major, aMLP's residual in C order (the attention's output) or not."""
     from tinymlp.fast.gating import CompiledSpatialGating
+    from tinymlp.fast.kernels import gating_numba
 
     rng = np.random.default_rng(2)
     B, S, e = 48, 64, 96
@@ -528,20 +529,20 @@ def test_compiled_sgu_gate_on_large_arrays_matches_the_reference_and_runs(dtype,
     arrays.append(None if residual_layout is None else laid_out(rng, (B, S, e), residual_layout).astype(dtype))
     ran = []
 
-    def counting(kernel):
+    def counting(name, kernel):
         def run(*a, **kw):
             out = kernel(*a, **kw)
-            ran.append(out is not None)
+            ran.append((name, out is not None))
             return out
-        return staticmethod(run)
+        return run
 
     assert fast.implementation(SpatialGating) is CompiledSpatialGating
-    for hook in ("split_gate", "split_gate_backward"):
-        monkeypatch.setattr(CompiledSpatialGating, hook, counting(getattr(CompiledSpatialGating, hook)))
+    for name in ("gate_forward", "_gate_backward_run"):          # what the from-z passes launch
+        monkeypatch.setattr(gating_numba, name, counting(name, getattr(gating_numba, name)))
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-3, atol=2e-5)
     gate = lambda z, w, b, g, be, r: F.spatial_gating(z, w, b, g, be, eps=1e-5, gate_residual=r)  # noqa: E731
     assert_same(run_both(gate, arrays, expect=SpatialGating), **tol)
-    assert ran and all(ran)
+    assert {name for name, _ in ran} == {"gate_forward", "_gate_backward_run"} and all(done for _, done in ran)
 
 
 @needs_numba

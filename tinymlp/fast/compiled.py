@@ -16,7 +16,10 @@ Each compiled class subclasses the NumPy fast implementation, so ``tests/test_fa
 checks it against the reference like any other; where a kernel does not apply (the switch off,
 an integer or float16 array, rows that are not contiguous, the erf form of GELU, an ndarray
 subclass: ``applies`` says) the class runs its parent's NumPy code. A kernel that fails to
-compile or run switches the kernels off for the process, with one warning (``fail``).
+compile, load from the cache or run switches the kernels off for the process, with one warning
+(``fail``), and raises ``KernelFailed`` to its wrapper in fast/kernels/, which returns what it
+returns where no kernel takes the arrays: the op's NumPy code computes, in forward or in the
+middle of a backward (tests/test_kernel_failure.py).
 
 Switches: ``TINYMLP_NUMBA=0`` in the environment (read at import), or ``set_enabled(False)``.
 Without numba installed the fast tier registers the NumPy classes only.
@@ -44,8 +47,8 @@ import zlib
 
 import numpy as np
 
-__all__ = ["PARALLEL_MIN", "applies", "available", "describe", "fail", "float32_from_bits", "inline", "is_enabled",
-           "jit", "kernel", "prange", "set_enabled", "set_threads", "threads"]
+__all__ = ["PARALLEL_MIN", "KernelFailed", "applies", "available", "describe", "fail", "float32_from_bits", "inline",
+           "is_enabled", "jit", "kernel", "prange", "set_enabled", "set_threads", "threads"]
 
 PARALLEL_MIN = 1 << 18
 """Arrays with fewer elements run the serial kernel: waking the threads costs more than it gains."""
@@ -134,16 +137,29 @@ _PARALLEL = threading.Lock()
 Python thread meanwhile would abort the process, so parallel launches take this lock."""
 
 
+class KernelFailed(RuntimeError):
+    """A kernel did not compile, load from the cache or run: ``fail`` has switched the kernels
+    off for the process and warned. The kernels' wrappers catch it and return None (or False),
+    their "no kernel for these arrays", so the caller's NumPy code computes the result."""
+
+
 def kernel(pair, size):
     """The kernel of ``pair`` (from ``jit``) for an array of ``size`` elements: the serial one below
-    ``PARALLEL_MIN``, else the parallel one (behind the lock)."""
+    ``PARALLEL_MIN``, else the parallel one (behind the lock). Whatever it raises (numba compiles
+    and types on the first call, and loads from the cache then) goes through ``fail`` and comes
+    out as ``KernelFailed``: numba checks no bounds and the error model is NumPy's, so a kernel
+    raises before it writes anything."""
     serial, parallel = pair
-    if size < PARALLEL_MIN:
-        return serial
 
     def run(*args):
-        with _PARALLEL:
-            return parallel(*args)
+        try:
+            if size < PARALLEL_MIN:
+                return serial(*args)
+            with _PARALLEL:
+                return parallel(*args)
+        except Exception as exc:  # noqa: BLE001 - numba's typing, lowering and cache errors alike
+            fail(exc)
+            raise KernelFailed(_state["error"]) from exc
 
     return run
 
@@ -156,10 +172,15 @@ def applies(*arrays) -> bool:
 
 
 def fail(exc):
-    """A kernel that does not compile or run: say so once, fall back to the NumPy fast path."""
+    """A kernel that does not compile or run: switch the kernels off, say so once per process,
+    fall back to the NumPy fast path."""
+    if isinstance(exc, KernelFailed):      # already said
+        return
+    first = _state["error"] is None
     _state["error"] = f"{type(exc).__name__}: {exc}"
-    warnings.warn(f"tinymlp: the numba kernels failed ({_state['error']}); using the NumPy fast path",
-                  RuntimeWarning, stacklevel=3)
+    if first:
+        warnings.warn(f"tinymlp: the numba kernels failed ({_state['error']}); using the NumPy fast path",
+                      RuntimeWarning, stacklevel=3)
     set_enabled(False)
 
 
@@ -180,7 +201,10 @@ def is_enabled():
 
 
 def set_enabled(on):
-    """Run the compiled kernels (True) or the NumPy fast path (False) from now on."""
+    """Run the compiled kernels (True) or the NumPy fast path (False) from now on. Switching them
+    on forgets an earlier failure (``fail`` warns again if one fails again)."""
+    if on:
+        _state["error"] = None
     _state["enabled"] = bool(on) and available()
 
 

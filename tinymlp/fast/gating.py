@@ -33,9 +33,9 @@ import numpy as np
 from ..backend import array_module
 from ..ops.gating import SpatialGating
 from . import compiled, cuda
-from .kernels import gating_cuda, gating_numba, norm_numba
+from .kernels import gating_cuda, gating_numba
 from .layout import empty_token_major, token_major_view
-from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm, row_sum
+from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm, backward_rows, row_sum
 
 __all__ = ["CompiledSpatialGating", "CudaSpatialGating", "FastSpatialGating"]
 
@@ -202,29 +202,19 @@ class CompiledSpatialGating(FastSpatialGating):
         ctx.input_derivative = input_derivative
         inputs = [a for a in (z, weight, bias, norm_weight, norm_bias, gate_residual) if a is not None]
         ctx.saves_z = variant == "split" and zt.flags.c_contiguous and z.size > 0 and compiled.applies(*inputs)
-        if not ctx.saves_z:
-            if residual_bias is not None:
-                gate_residual = gate_residual + residual_bias     # a new array: the caller's is not written
-            return super().forward(ctx, z, weight, bias, norm_weight, norm_bias, gate_residual, eps=eps,
-                                   causal=causal, variant=variant)
-        S, B, width = zt.shape
-        e = width // 2
-        w_eff = np.tril(weight) if causal else weight
-        xhat, mean, rstd = norm_numba.forward_rows(zt[..., e:].reshape(S * B, e), None, None, eps)
-        f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)           # W x_hat: one product
-        del xhat
-        shift = row_sum(w_eff)[:, None] * norm_bias + bias[:, None]
+        if ctx.saves_z:
+            done = gating_numba.gate_forward_from_z(zt, np.tril(weight) if causal else weight, bias, norm_weight,
+                                                    norm_bias, gate_residual, residual_bias, eps)
+            if done is not None:
+                out, saved, ctx.raw = done
+                ctx.causal = causal
+                ctx.save_for_backward(zt, *saved)
+                return out
+            ctx.saves_z = False                                      # the kernels failed: the generic path
         if residual_bias is not None:
-            shift = shift + residual_bias                            # the residual's bias, per (token, feature)
-        residual = token_major_view(gate_residual) if gate_residual is not None else None
-        if residual is not None and gating_numba.token_rows(residual) is None:
-            residual = np.ascontiguousarray(residual)                # rows with unit stride, for the kernel
-        out = empty_token_major((B, S, e), True, np, z.dtype)
-        cls.split_gate(f, norm_weight, shift, residual, zt[..., :e], token_major_view(out),
-                       write_f=residual is not None, copy_z1=False)
-        ctx.causal, ctx.raw = causal, residual is None
-        ctx.save_for_backward(zt, w_eff, norm_weight, norm_bias, shift, mean, rstd, f)
-        return out
+            gate_residual = gate_residual + residual_bias            # a new array: the caller's is not written
+        return super().forward(ctx, z, weight, bias, norm_weight, norm_bias, gate_residual, eps=eps,
+                               causal=causal, variant=variant)
 
     @classmethod
     def backward(cls, ctx, g):
@@ -233,12 +223,6 @@ class CompiledSpatialGating(FastSpatialGating):
         zt, w_eff, gamma, beta, shift, mean, rstd, f = ctx.pop_saved()
         S, B, e = f.shape
         z2 = zt[..., e:]
-        if not compiled.applies(f):                                  # the kernels switched off since forward:
-            xhat = (z2 - mean.reshape(S, B, 1)) * rstd.reshape(S, B, 1)    # the generic path's saved arrays
-            F = f * gamma + shift[:, None] if ctx.raw else f
-            ctx.variant, ctx.e, ctx.token_major = "split", e, True
-            ctx.save_for_backward(zt[..., :e], w_eff, gamma, beta, xhat, rstd.reshape(S, B, 1), F)
-            return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
         mt = token_major_view(ctx.input_derivative) if ctx.input_derivative is not None else None  # like z
         need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
         gt = token_major_view(g)
@@ -247,10 +231,17 @@ class CompiledSpatialGating(FastSpatialGating):
         dz = empty_token_major(ctx.input_shapes[0], True, np, f.dtype) if need_z else None
         dzt = token_major_view(dz) if need_z else None
         last = not ctx.retain_graph
-        gf, db, work = gating_numba.gate_backward_from_z(gt, f, zt, dzt[..., :e] if need_z else None,
-                                                         f if last else None, gamma, shift, beta, mean, rstd,
-                                                         raw=ctx.raw, need_n=need_w,   # and N, rebuilt from z2
-                                                         m1=mt[..., :e] if mt is not None else None)
+        done = gating_numba.gate_backward_from_z(gt, f, zt, dzt[..., :e] if need_z else None,
+                                                 f if last else None, gamma, shift, beta, mean, rstd,
+                                                 raw=ctx.raw, need_n=need_w,   # and N, rebuilt from z2
+                                                 m1=mt[..., :e] if mt is not None else None)
+        if done is None:          # the kernels switched off since forward, or failed: the generic path
+            xhat = (z2 - mean.reshape(S, B, 1)) * rstd.reshape(S, B, 1)
+            F = f * gamma + shift[:, None] if ctx.raw else f
+            ctx.variant, ctx.e, ctx.token_major = "split", e, True
+            ctx.save_for_backward(zt[..., :e], w_eff, gamma, beta, xhat, rstd.reshape(S, B, 1), F)
+            return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
+        gf, db, work = done
         gf2 = gf.reshape(S, -1)                                      # G_F as an (S, B*e) matrix
         dw = None
         if need_w:
@@ -263,8 +254,8 @@ class CompiledSpatialGating(FastSpatialGating):
             gn = np.matmul(w_eff.T, gf2, out=work.reshape(S, -1))  # W^T G_F
             du = dzt[..., e:].reshape(S * B, e) if need_z else None
             times = mt[..., e:].reshape(S * B, e) if mt is not None else None
-            _, dgamma, dbeta = norm_numba.backward_rows(gn.reshape(S * B, e), z2.reshape(S * B, e), mean, rstd, rstd,
-                                                        gamma, need_z, out=du, times=times)
+            _, dgamma, dbeta = backward_rows(gn.reshape(S * B, e), z2.reshape(S * B, e), mean, rstd, gamma, need_z,
+                                             out=du, times=times)
         return (dz, dw, db if need_b else None, dgamma if need_gamma else None, dbeta if need_beta else None,
                 token_major_view(gf) if need_a else None)
 

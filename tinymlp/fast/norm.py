@@ -41,7 +41,8 @@ from . import compiled, cuda
 from .kernels import norm_cuda, norm_numba
 from .layout import inverse, memory_order, rows
 
-__all__ = ["CompiledLayerNorm", "CudaLayerNorm", "FastLayerNorm", "layer_norm_backward", "normalize", "row_sum"]
+__all__ = ["CompiledLayerNorm", "CudaLayerNorm", "FastLayerNorm", "backward_rows", "layer_norm_backward", "normalize",
+           "row_sum"]
 
 
 def _row_order(x):
@@ -164,15 +165,11 @@ class CompiledLayerNorm(FastLayerNorm):
         check_inputs(x, weight, bias, eps)
         arrays = [a for a in (x, weight, bias) if a is not None]
         X, order = norm_numba.row_matrix(x) if compiled.applies(*arrays) and x.size else (None, None)
-        if X is None:
+        done = norm_numba.forward_rows(X, weight, bias, eps) if X is not None else None
+        if done is None:                                              # no kernel for x, or it failed
             ctx.compiled = False
             return super().forward(ctx, x, weight, bias, eps)
-        try:
-            Y, mean, rstd = norm_numba.forward_rows(X, weight, bias, eps)
-        except Exception as exc:  # noqa: BLE001
-            compiled.fail(exc)
-            ctx.compiled = False
-            return super().forward(ctx, x, weight, bias, eps)
+        Y, mean, rstd = done
         ctx.compiled, ctx.order, ctx.has_bias = True, order, bias is not None
         ctx.save_for_backward(X, mean, rstd, weight)
         return Y.reshape(tuple(x.shape[i] for i in order)).transpose(inverse(order))
@@ -189,12 +186,33 @@ class CompiledLayerNorm(FastLayerNorm):
             G = G.astype(X.dtype)
         so_far = ctx.gradient_so_far(0) if need_x else None          # the residual path's, at a residual
         into = _rows_like(so_far, order, X)
-        dX, dw, db = norm_numba.backward_rows(G, X, mean, rstd, rstd, weight, need_x, out=into, add=into is not None)
+        dX, dw, db = backward_rows(G, X, mean, rstd, weight, need_x, out=into, add=into is not None)
         if into is not None:
             dx = so_far                                               # dx added into it: the engine's sum done
         else:
             dx = dX.reshape(tuple(ctx.input_shapes[0][i] for i in order)).transpose(inverse(order)) if need_x else None
         return dx, (dw if need_w else None), (db if need_b and ctx.has_bias else None)
+
+
+def backward_rows(G, X, mean, rstd, weight, need_dx, out=None, times=None, add=False):
+    """``norm_numba.backward_rows`` on rows (N, D) of the LayerNorm's input X and its row statistics:
+    dX (into ``out``, or added to it where ``add``; times ``times`` where given), dw, db; the
+    same by the NumPy code where the kernel failed (what the compiled classes save has no x_hat)."""
+    done = norm_numba.backward_rows(G, X, mean, rstd, rstd, weight, need_dx, out=out, times=times, add=add)
+    if done is not None:
+        return done
+    xhat = (X - mean[:, None]) * rstd[:, None]
+    dX, dw, db = layer_norm_backward(G, xhat, rstd[:, None], weight, need_dx=need_dx, overwrite_xhat=True)
+    if dX is not None:
+        if times is not None:
+            dX *= times
+        if out is not None:
+            if add:
+                out += dX
+            else:
+                out[...] = dX
+            dX = out
+    return dX, dw, db
 
 
 def _rows_like(a, order, X):

@@ -183,10 +183,16 @@ class CompiledFlatStep(FlatStep):
     def direction(kind, flat_state):
         plain = all(type(b) is np.ndarray for b in (flat_state.grad, flat_state.work, *flat_state.bufs.values()))
         if kind == "adam" and compiled.is_enabled() and plain and flat_state.dtype.kind == "f":
-            return optim_numba.adam_direction
+            return _compiled_adam_direction
         return None
 
     apply_update = staticmethod(optim_numba.apply_update)
+
+
+def _compiled_adam_direction(group, g, bufs, out, t):
+    """Adam's direction in one compiled pass, or by the array code where the kernel failed."""
+    if not optim_numba.adam_direction(group, g, bufs, out, t):
+        adam_direction(group, g, bufs, out, t)
 
 
 class CudaFlatStep(FlatStep):

@@ -189,12 +189,15 @@ def gelu_tanh_bias(x, bias):
 
 def gelu_backward(grad, dydx, overwrite):
     """G * dy/dx in one compiled pass, laid out like dy/dx (written into dydx when ``overwrite``);
-    None where the kernel does not take the arrays (then the caller multiplies)."""
+    None where the kernel does not take the arrays or failed (then the caller multiplies)."""
     df, order = flat(dydx)
     if not compiled.applies(grad, dydx) or df is None or memory_order(grad) != order or \
             not grad.transpose(order).flags.c_contiguous:
         return None
     gf = grad.transpose(order).reshape(-1)
     out = df if overwrite else np.empty_like(df)
-    compiled.kernel(MULTIPLY, gf.size)(gf, df, out)
+    try:
+        compiled.kernel(MULTIPLY, gf.size)(gf, df, out)
+    except compiled.KernelFailed:
+        return None
     return out.reshape(tuple(dydx.shape[i] for i in order)).transpose(inverse(order))

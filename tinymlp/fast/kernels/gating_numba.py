@@ -5,10 +5,12 @@ written over W x_hat only where backward cannot recompute it (the residual case)
 where asked; backward: G * F, G * z1 and the gate bias's row sums in one pass, F read or
 recomputed from W x_hat; and N = (x - mean) rstd gamma + beta, rebuilt from the LayerNorm's
 input and its row statistics, in one. The fast tier's ``CompiledSpatialGating``
-(fast/gating.py) calls ``gate_forward``, ``gate_backward`` and ``affine``; each returns None
-where the arrays do not suit a kernel (rows of width e with unit stride, one float dtype), and
-the NumPy code runs. Arrays are token-major (S, B, e) views, in any order of their first two
-axes. The formulas are derived in ops/gating.py.
+(fast/gating.py) calls ``gate_forward_from_z`` and ``gate_backward_from_z`` on the models'
+token-major z, and ``gate_forward``, ``gate_backward`` and ``affine`` on other layouts; each
+returns None where the arrays do not suit a kernel (rows of width e with unit stride, one float
+dtype) or a kernel failed (``compiled.KernelFailed``), and the NumPy code runs. Arrays are
+token-major (S, B, e) views, in any order of their first two axes. The formulas are derived in
+ops/gating.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import numpy as np
 
 from .. import compiled
 from ..compiled import prange
+from ..layout import token_major_view
+from . import norm_numba
 
-__all__ = ["affine", "gate_backward", "gate_backward_from_z", "gate_forward", "token_rows"]
+__all__ = ["affine", "gate_backward", "gate_backward_from_z", "gate_forward", "gate_forward_from_z", "token_rows"]
 
 
 # The SGU's gate (split variant) on rows of width e, token-major: row i is token s = i // B of
@@ -148,15 +152,44 @@ def gate_forward(f, gamma, shift, residual, z1, out, write_f=True, copy_z1=True)
         return None
     (ff, fss, fbs), (zf, zss, zbs), (of, oss, obs), (rf, rss, rbs) = views
     kept = np.empty((S, B, e) if copy_z1 else (1,), dtype=f.dtype)
-    compiled.kernel(GATE_FORWARD, f.size)(ff, fss, fbs, write_f, zf, zss, zbs, rf, rss, rbs, residual is not None,
-                                          kept.reshape(-1), copy_z1, of, oss, obs, np.ascontiguousarray(gamma),
-                                          np.ascontiguousarray(shift), S * B, e, B)
+    try:
+        compiled.kernel(GATE_FORWARD, f.size)(ff, fss, fbs, write_f, zf, zss, zbs, rf, rss, rbs, residual is not None,
+                                              kept.reshape(-1), copy_z1, of, oss, obs, np.ascontiguousarray(gamma),
+                                              np.ascontiguousarray(shift), S * B, e, B)
+    except compiled.KernelFailed:
+        return None
     return kept if copy_z1 else True
+
+
+def gate_forward_from_z(zt, w_eff, bias, gamma, beta, residual, residual_bias, eps):
+    """The compiled split gate's forward on token-major z (``zt``, (S, B, 2e), C-contiguous):
+    z2's LayerNorm rows (``norm_numba.forward_rows``), W x_hat as one product, then
+    ``gate_forward`` without a copy of z1, F written only with a residual (backward recomputes it
+    otherwise). Returns ``(out, (w_eff, gamma, beta, shift, mean, rstd, f), raw)`` (what backward
+    reads besides z; ``raw``: f is W x_hat, not F), or None where a kernel failed."""
+    S, B, width = zt.shape
+    e = width // 2
+    done = norm_numba.forward_rows(zt[..., e:].reshape(S * B, e), None, None, eps)
+    if done is None:
+        return None
+    xhat, mean, rstd = done
+    f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)              # W x_hat: one product
+    del xhat, done
+    shift = np.einsum("st->s", w_eff)[:, None] * beta + bias[:, None]   # (W 1) beta^T + bias, per token
+    if residual_bias is not None:
+        shift = shift + residual_bias                               # the residual's bias, per (token, feature)
+    r = token_major_view(residual) if residual is not None else None
+    if r is not None and token_rows(r) is None:
+        r = np.ascontiguousarray(r)                                 # rows with unit stride, for the kernel
+    out = np.empty((S, B, e), dtype=zt.dtype)                       # token-major, like z
+    if gate_forward(f, gamma, shift, r, zt[..., :e], out, write_f=r is not None, copy_z1=False) is None:
+        return None
+    return token_major_view(out), (w_eff, gamma, beta, shift, mean, rstd, f), r is None
 
 
 def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, beta, need_n, m1=None):
     """Launch ``_gate_backward``: ``(gf, per-token sums of gf, N or None)``, or None where the
-    arrays do not suit it."""
+    arrays do not suit it or it failed (then it wrote nothing)."""
     arrays = [g, F, z1, gamma, shift, x2, mean, rstd, beta] + [a for a in (dz1, gf, m1) if a is not None]
     if not compiled.applies(*arrays) or not F.flags.c_contiguous or not F.size:
         return None
@@ -172,11 +205,14 @@ def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, bet
     N = np.empty_like(F) if need_n else F
     sums = np.empty(S * B)
     flat = [np.ascontiguousarray(v).reshape(-1) for v in (mean, rstd)]
-    compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), raw, np.ascontiguousarray(gamma),
-                                           np.ascontiguousarray(shift), zr[0], zr[1], zr[2], dr[0], dr[1], dr[2],
-                                           dz1 is not None, mr[0], mr[1], mr[2], gf.reshape(-1), sums, xr[0], xr[1],
-                                           xr[2], *flat,
-                                           np.ascontiguousarray(beta), N.reshape(-1), need_n, S * B, e, B)
+    try:
+        compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), raw, np.ascontiguousarray(gamma),
+                                               np.ascontiguousarray(shift), zr[0], zr[1], zr[2], dr[0], dr[1], dr[2],
+                                               dz1 is not None, mr[0], mr[1], mr[2], gf.reshape(-1), sums, xr[0],
+                                               xr[1], xr[2], *flat, np.ascontiguousarray(beta), N.reshape(-1),
+                                               need_n, S * B, e, B)
+    except compiled.KernelFailed:
+        return None
     return gf, sums.reshape(S, B).sum(axis=1).astype(F.dtype), (N if need_n else None)
 
 
@@ -204,11 +240,15 @@ def gate_backward_from_z(g, f, z, dz1, gf, gamma, shift, beta, mean, rstd, raw, 
 
 
 def affine(x, w, b):
-    """x * w + b over the last axis of a C-contiguous x, in one pass (None where it does not apply)."""
+    """x * w + b over the last axis of a C-contiguous x, in one pass (None where it does not apply
+    or failed)."""
     if not compiled.applies(x, w, b) or not x.flags.c_contiguous or not x.size:
         return None
     e = x.shape[-1]
     out = np.empty_like(x)
-    compiled.kernel(AFFINE, x.size)(x.reshape(-1), np.ascontiguousarray(w), np.ascontiguousarray(b), out.reshape(-1),
-                                    x.size // e, e)
+    try:
+        compiled.kernel(AFFINE, x.size)(x.reshape(-1), np.ascontiguousarray(w), np.ascontiguousarray(b),
+                                        out.reshape(-1), x.size // e, e)
+    except compiled.KernelFailed:
+        return None
     return out

@@ -162,21 +162,25 @@ def _param(v, dim, dtype, fill):
 
 
 def forward_rows(X, w, b, eps):
-    """Y, mean, rstd of the rows of X (N, D)."""
+    """Y, mean, rstd of the rows of X (N, D); None where the kernel failed (``compiled.KernelFailed``)."""
     n, dim = X.shape
     Y = np.empty((n, dim), dtype=X.dtype)
     mean = np.empty(n, dtype=X.dtype)
     rstd = np.empty(n, dtype=X.dtype)
     xf, xs = _flat_rows(X)
     t = X.dtype.type
-    compiled.kernel(LN_FORWARD, X.size)(xf, xs, n, dim, _param(w, dim, X.dtype, 1), _param(b, dim, X.dtype, 0),
-                                        t(eps), t(dim), Y.reshape(-1), dim, mean, rstd)
+    try:
+        compiled.kernel(LN_FORWARD, X.size)(xf, xs, n, dim, _param(w, dim, X.dtype, 1), _param(b, dim, X.dtype, 0),
+                                            t(eps), t(dim), Y.reshape(-1), dim, mean, rstd)
+    except compiled.KernelFailed:
+        return None
     return Y, mean, rstd
 
 
 def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None, add=False):
     """dX (into ``out`` when given, or added to it where ``add``; times the rows (N, D) ``times``
-    where given), dw, db (column sums over runs of ``RUN`` rows, added in float64, cast) for rows (N, D)."""
+    where given), dw, db (column sums over runs of ``RUN`` rows, added in float64, cast) for rows
+    (N, D); None where the kernel failed (``compiled.KernelFailed``)."""
     n, dim = G.shape
     blocks = max(1, min(n, 4 * compiled.threads())) if G.size >= compiled.PARALLEL_MIN else 1
     dw_part = np.zeros((blocks, dim))
@@ -186,19 +190,25 @@ def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None, add
     run_sums = np.empty((blocks, 2, dim), dtype=G.dtype)
     (gf, gs), (xf, xs), (df, ds) = _flat_rows(G), _flat_rows(X), _flat_rows(dX)
     mf, ms = _flat_rows(times) if times is not None else (np.ones(dim, G.dtype), 0)
-    compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1),
-                                         G.dtype.type(dim), df, ds, need_dx, mf, ms, add and out is not None, dw_part,
-                                         db_part, run_sums)
+    try:
+        compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1),
+                                             G.dtype.type(dim), df, ds, need_dx, mf, ms, add and out is not None,
+                                             dw_part, db_part, run_sums)
+    except compiled.KernelFailed:
+        return None
     return (dX if need_dx else None), dw_part.sum(0).astype(G.dtype), db_part.sum(0).astype(G.dtype)
 
 
 def normalize(x, eps):
     """``(x_hat, rstd)`` as ``fast.norm.normalize``, in one compiled pass over the rows; None
-    where the kernel does not take x."""
+    where the kernel does not take x or failed."""
     X, order = row_matrix(x) if compiled.applies(x) and x.size else (None, None)
     if X is None:
         return None
-    xhat, _, rstd = forward_rows(X, None, None, eps)
+    done = forward_rows(X, None, None, eps)
+    if done is None:
+        return None
+    xhat, _, rstd = done
     shape_t = tuple(x.shape[i] for i in order)
     back = inverse(order)
     r = rstd.reshape(shape_t[:-1] + (1,)).transpose(back)
@@ -207,7 +217,7 @@ def normalize(x, eps):
 
 def layer_norm_backward(g, xhat, rstd, weight, out, need_dx, need_dweight, need_dbias):
     """``(dx, dweight, dbias)`` as ``fast.norm.layer_norm_backward``, in one compiled pass over the
-    rows (dx into ``out`` when given); None where the kernel does not take the arrays."""
+    rows (dx into ``out`` when given); None where the kernel does not take the arrays or failed."""
     arrays = [a for a in (g, xhat, rstd, weight, out) if a is not None]
     if not compiled.applies(*arrays) or not xhat.size:
         return None
@@ -222,7 +232,10 @@ def layer_norm_backward(g, xhat, rstd, weight, out, need_dx, need_dweight, need_
     G = np.ascontiguousarray(np.broadcast_to(g, xhat.shape).transpose(order)).reshape(Xh.shape)
     r = np.ascontiguousarray(rstd[..., 0].transpose(order[:-1])).reshape(-1)
     n = Xh.shape[0]
-    dX, dw, db = backward_rows(G, Xh, np.zeros(n, Xh.dtype), np.ones(n, Xh.dtype), r, weight, need_dx, out=out_rows)
+    done = backward_rows(G, Xh, np.zeros(n, Xh.dtype), np.ones(n, Xh.dtype), r, weight, need_dx, out=out_rows)
+    if done is None:
+        return None
+    dX, dw, db = done
     dx = None
     if need_dx:
         dx = out if out is not None else dX.reshape(tuple(xhat.shape[i] for i in order)).transpose(inverse(order))

@@ -38,17 +38,26 @@ APPLY_UPDATE = compiled.jit(_apply_update)
 
 
 def adam_direction(group, g, bufs, out, t):
-    """``fast.optim.adam_direction`` in one compiled pass (same arithmetic, same dtype)."""
+    """``fast.optim.adam_direction`` in one compiled pass (same arithmetic, same dtype); False
+    where the kernel failed (``compiled.KernelFailed``: it wrote nothing)."""
     b1, b2 = (float(b) for b in group["betas"])
     c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
     s = g.dtype.type
-    compiled.kernel(ADAM, g.size)(g, bufs["exp_avg"], bufs["exp_avg_sq"], out, s(b1), s(1.0 - b1), s(b2), s(1.0 - b2),
-                                  s(float(group["eps"]) * root_c2), s(float(group["lr"]) * root_c2 / c1))
+    try:
+        compiled.kernel(ADAM, g.size)(g, bufs["exp_avg"], bufs["exp_avg_sq"], out, s(b1), s(1.0 - b1), s(b2),
+                                      s(1.0 - b2), s(float(group["eps"]) * root_c2),
+                                      s(float(group["lr"]) * root_c2 / c1))
+    except compiled.KernelFailed:
+        return False
+    return True
 
 
 def apply_update(p, u, decay):
-    """p <- p * decay - u in one pass (False where a kernel does not apply)."""
+    """p <- p * decay - u in one pass (False where a kernel does not apply or failed)."""
     if not (compiled.applies(p, u) and p.flags.c_contiguous and u.flags.c_contiguous):
         return False
-    compiled.kernel(APPLY_UPDATE, p.size)(p.reshape(-1), u.reshape(-1), p.dtype.type(decay))
+    try:
+        compiled.kernel(APPLY_UPDATE, p.size)(p.reshape(-1), u.reshape(-1), p.dtype.type(decay))
+    except compiled.KernelFailed:
+        return False
     return True
