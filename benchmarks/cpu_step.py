@@ -13,7 +13,7 @@ PyTorch's BLAS). With all four, the table is followed by where the gap to PyTorc
 matrix products (matmul - torch-matmul: one BLAS against the other) and everything else
 ((fast - matmul) - (torch - torch-matmul): the two frameworks' own work).
 
-How it times, and why (measured: see the README's benchmark section):
+How it times, and why (measured: see benchmarks/RESULTS.md):
 
 - an idle gap (``--gap``, 0.25 s) before EVERY timed step: OpenBLAS's worker thread spins for
   about 0.1 s after a matrix product and PyTorch's OpenMP threads after its ops, which slows
