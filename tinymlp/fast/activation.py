@@ -71,22 +71,14 @@ class CompiledGELU(FastGELU):
 
     @staticmethod
     def forward(ctx, x, approximate=True, bias=None):
-        if bias is not None:
-            if ctx.needs_input_grad[0]:
-                try:
-                    y, dydx = activation_numba.gelu_tanh_bias(x, bias)
-                    _save_derivative(ctx, dydx)
-                    return y
-                except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
-                    compiled.fail(exc)
+        done = activation_numba.gelu_tanh_bias(x, bias) if bias is not None and ctx.needs_input_grad[0] else None
+        if bias is not None and done is None:
             x = x + bias                                 # x itself is the caller's: not written
-        if not (approximate and compiled.applies(x) and x.size):
+        if done is None and approximate and compiled.applies(x) and x.size:
+            done = activation_numba.gelu_tanh(x, want_derivative=ctx.needs_input_grad[0])
+        if done is None:                                 # no kernel for x, or it failed
             return FastGELU.forward(ctx, x, approximate)
-        try:
-            y, dydx = activation_numba.gelu_tanh(x, want_derivative=ctx.needs_input_grad[0])
-        except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
-            compiled.fail(exc)
-            return FastGELU.forward(ctx, x, approximate)
+        y, dydx = done
         _save_derivative(ctx, dydx)
         return y
 

@@ -90,24 +90,14 @@ class CompiledSoftmax(FastSoftmax):
         if not compiled.applies(x):
             return None
         p = np.array(x, order="C")
-        return p if _compiled(attention_numba.softmax_rows, p) else None
+        return p if attention_numba.softmax_rows(p) else None
 
     @staticmethod
     def last_axis_backward(p, grad):
         if grad.dtype != p.dtype:
             return None
         dx = np.array(grad, order="C")
-        return dx if _compiled(attention_numba.softmax_rows_backward, p, dx) else None
-
-
-def _compiled(kernel, *arrays):
-    """Run a softmax kernel; False where it does not take the arrays or failed (then the
-    caller's array code runs)."""
-    try:
-        return kernel(*arrays)
-    except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
-        compiled.fail(exc)
-        return False
+        return dx if attention_numba.softmax_rows_backward(p, dx) else None
 
 
 class FastAttention(Attention):
@@ -202,13 +192,13 @@ class CompiledAttention(FastAttention):
             s *= scale
             s = np.where(allowed, s, np.finfo(s.dtype).min / 2)
             scale = 1.0
-        if _compiled(attention_numba.softmax_rows, s, scale):
+        if attention_numba.softmax_rows(s, scale):
             return s
         return FastAttention.softmax_rows(s, scale, allowed)
 
     @staticmethod
     def softmax_rows_backward(p, ds, scale):
-        if _compiled(attention_numba.softmax_rows_backward, p, ds, scale):
+        if attention_numba.softmax_rows_backward(p, ds, scale):
             return ds
         return FastAttention.softmax_rows_backward(p, ds, scale)
 

@@ -174,8 +174,6 @@ def applies(*arrays) -> bool:
 def fail(exc):
     """A kernel that does not compile or run: switch the kernels off, say so once per process,
     fall back to the NumPy fast path."""
-    if isinstance(exc, KernelFailed):      # already said
-        return
     first = _state["error"] is None
     _state["error"] = f"{type(exc).__name__}: {exc}"
     if first:

@@ -36,9 +36,5 @@ class CompiledAdd(Add):
         if a_bias is not None and b_bias is not None:
             b = b + b_bias                               # both pending: b's added first (a new array)
         p, bias, q = (a, a_bias, b) if a_bias is not None else (b, b_bias, a)
-        try:
-            out = elementwise_numba.add_bias(p, bias, q)
-        except Exception as exc:  # noqa: BLE001 - any compile or run failure: the NumPy path
-            compiled.fail(exc)
-            out = None
+        out = elementwise_numba.add_bias(p, bias, q)
         return out if out is not None else (p + bias) + q

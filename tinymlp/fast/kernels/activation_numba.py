@@ -137,7 +137,7 @@ def flat(x):
 
 def gelu_tanh(x, want_derivative):
     """``(y, dy/dx)`` of the tanh GELU of a non-empty float32 or float64 ``x`` in one compiled pass,
-    both laid out like x (dy/dx None unless ``want_derivative``)."""
+    both laid out like x (dy/dx None unless ``want_derivative``); None where the kernel failed."""
     xf, order = flat(x)
     if xf is None:
         x = np.ascontiguousarray(x)
@@ -145,14 +145,17 @@ def gelu_tanh(x, want_derivative):
     t = x.dtype.type
     yt = np.empty(xf.size, dtype=x.dtype)
     single = x.dtype == np.float32
-    if want_derivative:
-        d = np.empty(xf.size, dtype=x.dtype)
-        kernel = compiled.kernel(GELU_TANH32 if single else GELU_TANH64, xf.size)
-        kernel(xf, yt, d, t(C0), t(C1), t(3 * C1), t(0.5), t(1))
-    else:
-        d = None
-        kernel = compiled.kernel(GELU_TANH32_VALUE if single else GELU_TANH64_VALUE, xf.size)
-        kernel(xf, yt, t(C0), t(C1), t(0.5), t(1))
+    try:
+        if want_derivative:
+            d = np.empty(xf.size, dtype=x.dtype)
+            kernel = compiled.kernel(GELU_TANH32 if single else GELU_TANH64, xf.size)
+            kernel(xf, yt, d, t(C0), t(C1), t(3 * C1), t(0.5), t(1))
+        else:
+            d = None
+            kernel = compiled.kernel(GELU_TANH32_VALUE if single else GELU_TANH64_VALUE, xf.size)
+            kernel(xf, yt, t(C0), t(C1), t(0.5), t(1))
+    except compiled.KernelFailed:
+        return None
     shape_t = tuple(x.shape[i] for i in order)
     back = inverse(order)
     return yt.reshape(shape_t).transpose(back), (d.reshape(shape_t).transpose(back) if d is not None else None)
@@ -170,7 +173,8 @@ def bias_layout(x):
 
 def gelu_tanh_bias(x, bias):
     """``(y, dy/dx)`` of the tanh GELU of x + bias (bias along x's last axis) in one compiled
-    pass, laid out like x; x as ``bias_layout`` takes it (else ValueError)."""
+    pass, laid out like x; x as ``bias_layout`` takes it (else ValueError). None where the kernel
+    failed."""
     where = bias_layout(x)
     if where is None:
         raise ValueError("gelu_tanh_bias: x's last axis is neither its fastest nor its slowest in memory")
@@ -180,8 +184,11 @@ def gelu_tanh_bias(x, bias):
     t = x.dtype.type
     y, d = np.empty(xf.size, dtype=x.dtype), np.empty(xf.size, dtype=x.dtype)
     kernel = compiled.kernel(GELU_TANH32_BIAS if x.dtype == np.float32 else GELU_TANH64_BIAS, xf.size)
-    kernel(xf, np.ascontiguousarray(bias, dtype=x.dtype), where == "inner", rows, cols, y, d,
-           t(C0), t(C1), t(3 * C1), t(0.5), t(1))
+    try:
+        kernel(xf, np.ascontiguousarray(bias, dtype=x.dtype), where == "inner", rows, cols, y, d,
+               t(C0), t(C1), t(3 * C1), t(0.5), t(1))
+    except compiled.KernelFailed:
+        return None
     shape_t = tuple(x.shape[i] for i in order)
     back = inverse(order)
     return y.reshape(shape_t).transpose(back), d.reshape(shape_t).transpose(back)

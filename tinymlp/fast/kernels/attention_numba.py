@@ -120,23 +120,28 @@ def _rows(a):
 
 def softmax_rows(s, scale=1.0):
     """s <- softmax(scale * s) along the last axis, in place; False where the kernel does not
-    take s (a C-contiguous float32 or float64 array)."""
+    take s (a C-contiguous float32 or float64 array) or failed (it wrote nothing)."""
     rows = _rows(s)
     if rows is None:
         return False
     flat, m = rows
     t = s.dtype.type
-    kernel = compiled.kernel(SOFTMAX32 if s.dtype == np.float32 else SOFTMAX64, flat.size)
-    kernel(flat, flat.size // m, m, t(scale))
+    try:
+        compiled.kernel(SOFTMAX32 if s.dtype == np.float32 else SOFTMAX64, flat.size)(flat, flat.size // m, m, t(scale))
+    except compiled.KernelFailed:
+        return False
     return True
 
 
 def softmax_rows_backward(p, ds, scale=1.0):
     """ds <- scale * p * (ds - rowsum(ds * p)) along the last axis, in place; False where the
-    kernel does not take the arrays (both C-contiguous, one float dtype, one shape)."""
+    kernel does not take the arrays (both C-contiguous, one float dtype, one shape) or failed."""
     rows = _rows(ds)
     if rows is None or _rows(p) is None or p.shape != ds.shape or p.dtype != ds.dtype:
         return False
     flat, m = rows
-    compiled.kernel(SOFTMAX_BACKWARD, flat.size)(p.reshape(-1), flat, flat.size // m, m, ds.dtype.type(scale))
+    try:
+        compiled.kernel(SOFTMAX_BACKWARD, flat.size)(p.reshape(-1), flat, flat.size // m, m, ds.dtype.type(scale))
+    except compiled.KernelFailed:
+        return False
     return True

@@ -33,7 +33,8 @@ ADD_BIAS = compiled.jit(_add_bias)
 
 def add_bias(p, bias, q):
     """(p + bias) + q in one pass, laid out like p, for p and q of one shape and one memory
-    layout in which the last axis is the fastest (contiguous in that order); None otherwise."""
+    layout in which the last axis is the fastest (contiguous in that order); None otherwise, or
+    where the kernel failed."""
     if not isinstance(q, np.ndarray) or p.shape != q.shape or not p.size or p.ndim == 0 or \
             not compiled.applies(p, q, bias):
         return None
@@ -43,6 +44,9 @@ def add_bias(p, bias, q):
         return None
     cols = p.shape[-1]
     out = np.empty(pt.shape, dtype=p.dtype)
-    compiled.kernel(ADD_BIAS, p.size)(pt.reshape(-1), qt.reshape(-1), np.ascontiguousarray(bias), out.reshape(-1),
-                                      p.size // cols, cols)
+    try:
+        compiled.kernel(ADD_BIAS, p.size)(pt.reshape(-1), qt.reshape(-1), np.ascontiguousarray(bias),
+                                          out.reshape(-1), p.size // cols, cols)
+    except compiled.KernelFailed:
+        return None
     return out.transpose(inverse(order))
