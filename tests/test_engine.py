@@ -147,6 +147,58 @@ def test_gradients_that_meet_are_summed_into_an_array_no_one_else_holds():
     np.testing.assert_array_equal(y.grad, [12.0, 14.0])
 
 
+def test_gradients_that_meet_are_summed_into_a_view_of_an_array_only_that_view_holds():
+    """A backward's dL/dx is often a product reshaped (or transposed) back to x's shape: a view
+    of a fresh array that nothing else holds. The engine sums into it as into a whole array; a
+    view of an array that something else holds is never written."""
+    bases, seen = [], []
+
+    class FreshView(Function):                       # y = 2x; dL/dx as a transposed view of a fresh array
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            fresh = np.ascontiguousarray((g * 2).T)
+            bases.append(weakref.ref(fresh))
+            return fresh.T
+
+    class Spy(Function):                             # y = x; records the gradient that reaches it
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g)
+            return g.copy()
+
+    x = leaf(np.ones((2, 3)))
+    h = Spy.apply(x)
+    (FreshView.apply(h) + FreshView.apply(h) * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.full((2, 3), 8.0))
+    summed_in_place = any(b() is not None and np.shares_memory(seen[0], b()) for b in bases)
+    assert summed_in_place, "the two paths' gradients were summed into a new array"
+
+    kept = np.arange(6.0)
+
+    class GivesKeptView(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return kept.reshape(2, 3)                # a view of an array someone else holds
+
+    y = leaf(np.ones((2, 3)))
+    u = Spy.apply(y)
+    (GivesKeptView.apply(u) + GivesKeptView.apply(u) + u).sum().backward()
+    np.testing.assert_array_equal(kept, np.arange(6.0))
+    np.testing.assert_array_equal(y.grad, 2 * np.arange(6.0).reshape(2, 3) + 1)
+
+
 def test_leaf_gradients_never_share_memory_with_each_other_or_a_saved_array():
     """What a leaf may not keep as it is: one array handed to two leaves (Add's backward), a view,
     an array a graph kept by retain_graph still holds. Accumulating into one leaf's .grad must

@@ -288,6 +288,10 @@ def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:
 
 
 def _sole(g):
-    """Whether the gradient ``g`` is a whole writable array that only the engine's sums hold
-    (counted: the sums, the caller's name, this argument and getrefcount's)."""
-    return g.base is None and getattr(g.flags, "writeable", True) and sys.getrefcount(g) <= 4
+    """Whether the gradient ``g`` is a writable array that only the engine's sums hold (counted:
+    the sums, the caller's name, this argument and getrefcount's) and whose memory nothing else
+    sees: a whole array, or a view of all of one that only it holds (a Linear's reshaped dL/dx)."""
+    base, by_stride = g.base, sorted(range(g.ndim), key=lambda i: -g.strides[i])   # a view: each element once
+    whole = base is None or (type(base) is type(g) and base.base is None and base.size == g.size and
+                             sys.getrefcount(base) <= 3 and g.transpose(by_stride).flags.c_contiguous)
+    return whole and getattr(g.flags, "writeable", True) and sys.getrefcount(g) <= 4
