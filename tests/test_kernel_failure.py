@@ -32,7 +32,8 @@ MODULES = (activation_numba, attention_numba, elementwise_numba, gating_numba, n
 SIZES = {"mixer_cifar": dict(depth=2, dim=16, token_mlp_dim=8, channel_mlp_dim=32),
          "gmlp_cifar": dict(depth=2, dim=16, ffn_dim=32),
          "amlp_cifar": dict(depth=2, dim=16, ffn_dim=32, attn_dim=8)}
-BACKWARD = {"LN_BACKWARD", "GATE_BACKWARD", "AFFINE", "MULTIPLY", "SOFTMAX_BACKWARD", "ADAM", "APPLY_UPDATE"}
+BACKWARD = {"LN_BACKWARD", "GATE_BACKWARD", "AFFINE", "MULTIPLY", "SOFTMAX_BACKWARD", "ADAM", "APPLY_UPDATE",
+            "ADAM_STEP"}
 
 
 def kernel_pairs():
@@ -99,6 +100,35 @@ def test_a_failing_kernel_falls_back_to_the_numpy_code_with_one_warning(name, wh
         assert got[part].keys() == expected[part].keys()
         for key in expected[part]:
             np.testing.assert_allclose(got[part][key], expected[part][key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_a_failing_whole_adam_step_falls_back_to_the_array_code(monkeypatch):
+    """The optimizer's one-pass AdamW step failing (its first launch) leaves every parameter to the
+    array code: one warning, and the parameters and moments the reference step gives."""
+    rng = np.random.default_rng(3)
+    shapes = [(5, 3), (40,), (17, 2)] * 7                  # more than one launch's worth
+    init = [rng.standard_normal(s) for s in shapes]
+    grads = [rng.standard_normal(s) for s in shapes]
+
+    def stepped():
+        params = [tinymlp.tensor(a, requires_grad=True, dtype="float64") for a in init]
+        optimizer = tinymlp.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+        for _ in range(2):
+            for p, g in zip(params, grads):
+                p.grad = g.copy()
+            optimizer.step()
+        return [p.data for p in params], [s["exp_avg_sq"] for s in optimizer.state[0]]
+
+    with fast.disabled():
+        expected = stepped()
+    break_kernels(monkeypatch, {"ADAM_STEP"})
+    with fast.enabled(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = stepped()
+    said = [w for w in caught if "numba kernels failed" in str(w.message)]
+    assert len(said) == 1 and "simulated" in str(said[0].message) and not compiled.is_enabled()
+    for g, e in zip(got[0] + got[1], expected[0] + expected[1]):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
 
 
 def test_switching_the_kernels_on_again_forgets_the_failure(monkeypatch):

@@ -149,6 +149,39 @@ def test_flat_path_equals_per_parameter_path():
     assert [s["step"] for s in opt.state[0]] == [4, 3, 4]
 
 
+def test_the_whole_adamw_step_over_many_parameters_matches_the_formula(tier, monkeypatch):
+    """More parameters than one launch of the compiled whole step takes (``optim_numba.BATCH``),
+    of many sizes: every one gets AdamW's update, on both tiers (the fast CPU tier in that one
+    pass per batch of parameters, where numba is installed)."""
+    rng = np.random.default_rng(2)
+    shapes = [(int(rng.integers(1, 40)), int(rng.integers(1, 9))) for _ in range(37)] + [(300, 500)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [param(a, dtype="float32") for a in init]
+    opt = AdamW(params, lr=0.01, weight_decay=0.1)
+    from tinymlp.fast import compiled
+    from tinymlp.fast.kernels import optim_numba
+    whole = []
+    step = optim_numba.adam_step
+    monkeypatch.setattr(optim_numba, "adam_step", lambda *a: whole.append(step(*a)) or whole[-1])
+    history = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    for grads in history:
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt.step()
+    for j, a in enumerate(init):                  # AdamW in float64, parameter by parameter
+        p, m, v = a.astype(np.float64), 0.0, 0.0
+        for t, h in enumerate(history, start=1):
+            g = h[j].astype(np.float64)
+            p -= 0.01 * 0.1 * p
+            m = 0.9 * m + 0.1 * g
+            v = 0.999 * v + 0.001 * g * g
+            p -= 0.01 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        np.testing.assert_allclose(params[j].data, p, rtol=2e-5, atol=2e-6)
+    assert [s["step"] for s in opt.state[0]] == [3] * len(shapes)
+    if tier == "fast" and compiled.is_enabled():
+        assert whole == [True] * 3, "the compiled whole step did not run"
+
+
 # ---------------------------------------------------------------------- param groups
 def test_param_groups_exempt_biases_and_norms():
     rng = np.random.default_rng(0)

@@ -82,9 +82,9 @@ class Context:
         self.fn = fn
         self.needs_input_grad = needs_input_grad
         self.saved_tensors = ()
-        self.parents = tuple(graph.node_of(a) if need else None for a, need in zip(args, needs_input_grad))
-        self.input_shapes = tuple(getattr(a, "shape", None) for a in args)
-        self.input_dtypes = tuple(getattr(a, "dtype", None) for a in args)
+        self.parents = tuple([graph.node_of(a) if need else None for a, need in zip(args, needs_input_grad)])
+        self.input_shapes = tuple([getattr(a, "shape", None) for a in args])
+        self.input_dtypes = tuple([getattr(a, "dtype", None) for a in args])
         self.output = None  # a weak reference to the output tensor, set by apply
         self.retain_graph = True  # set by backward(); True = the saved arrays must stay intact
 

@@ -24,6 +24,7 @@ makes every lookup answer "none", so the whole library runs the reference tier.
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ["CLIP_GRAD_NORM", "OPTIMIZER_STEP", "implementation", "implementation_for", "is_enabled", "lookup",
            "register", "registered", "set_enabled"]
@@ -62,7 +63,7 @@ def implementation_for(reference, arrays):
     is a CuPy array): the lookup ``Function.apply`` makes for every op."""
     if not _enabled or not _table:
         return reference
-    on_gpu = any(type(a).__module__.startswith("cupy") for a in arrays)
+    on_gpu = "cupy" in sys.modules and any(type(a).__module__.startswith("cupy") for a in arrays)
     return _table.get((reference, "cuda" if on_gpu else "cpu"), reference)
 
 

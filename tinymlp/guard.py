@@ -128,7 +128,7 @@ def _checksum(arr) -> int:
 def share_views(result, args, arrays) -> None:
     """An output that is a view of an input (a reshape, a slice) shares its input's storage:
     a write into one is a write into the other."""
-    out = result._data
+    out = result._array
     if getattr(out, "base", None) is None:     # owns its memory: a new array
         return
     for a, arr in zip(args, arrays):
@@ -161,23 +161,29 @@ def record(ctx, args, arrays, kwargs=None) -> list:
     tensor's storage (so that ``.data`` can checksum it before a raw write); for each integer or
     boolean array passed as it is (an index, class ids): a ``Constant``. The node keeps the list
     for ``check_unmodified``."""
-    records = [Constant(i, arr) for i, a in enumerate(args) if not isinstance(a, Tensor) for arr in _constants([a])]
-    records += [Constant(None, arr) for arr in _constants((kwargs or {}).values())]
+    records = []
+    for i, a in enumerate(args):
+        if isinstance(a, (np.ndarray, tuple, list)):        # a Tensor is none of these
+            records += [Constant(i, arr) for arr in _constants([a])]
+    if kwargs:
+        records += [Constant(None, arr) for arr in _constants(kwargs.values())]
     saved = ctx.saved_tensors
     if not saved:
         return records
+    ids, by_owner = {id(s) for s in saved}, None
     for i, a in enumerate(args):
         if not isinstance(a, Tensor):
             continue
         arr = arrays[i]
-        for s in saved:                  # the usual case: forward saved the input itself
-            if s is arr:
-                break
-        else:                            # or a view of its memory (a reshape, a transpose)
+        if id(arr) not in ids:           # not the input itself (the usual case): a view of its memory?
             if not arr.size:
                 continue
-            owner = _owner(arr)
-            if not any(hasattr(s, "dtype") and _owner(s) is owner and _shares(s, arr) for s in saved):
+            if by_owner is None:         # the saved arrays by the array that owns their memory
+                by_owner = {}
+                for s in saved:
+                    if hasattr(s, "dtype"):
+                        by_owner.setdefault(id(_owner(s)), []).append(s)
+            if not any(_shares(s, arr) for s in by_owner.get(id(_owner(arr)), ())):
                 continue
         storage = a._storage if a._storage is not None else storage_of(a)
         if len(storage.saves) > 8:                     # graphs dropped without backward

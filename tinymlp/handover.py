@@ -39,6 +39,10 @@ def take(impl, args, arrays, kwargs, record):
     for i, a in enumerate(args):
         if not isinstance(a, Tensor):
             continue
+        node = a._ctx
+        d = getattr(node, "elementwise_derivative", None) if record and node is not None else None
+        if a._pending is None and d is None:
+            continue                                         # nothing to hand over (the usual case)
         once = sum(b is a for b in args) == 1
         if a._pending is not None:
             bias = a._pending
@@ -47,9 +51,7 @@ def take(impl, args, arrays, kwargs, record):
                 kwargs = dict(kwargs, **{key: bias})
             else:
                 arrays[i] = a._data
-        node = a._ctx
-        d = getattr(node, "elementwise_derivative", None) if record and once else None
-        if d is not None and getattr(node, "fn", None) is not None and _only_first(node.parents):
+        if d is not None and once and getattr(node, "fn", None) is not None and _only_first(node.parents):
             key = impl.takes_derivative(i, arrays[i], d, kwargs)
             if key is not None:
                 kwargs = dict(kwargs, **{key: d})

@@ -177,7 +177,8 @@ class FlatStep:
 
 
 class CompiledFlatStep(FlatStep):
-    """The flat step with Adam's direction and each parameter's update as compiled passes."""
+    """The flat step with a whole Adam(W) step, or Adam's direction and each parameter's update, as
+    compiled passes."""
 
     @staticmethod
     def direction(kind, flat_state):
@@ -187,6 +188,11 @@ class CompiledFlatStep(FlatStep):
         return None
 
     apply_update = staticmethod(optim_numba.apply_update)
+
+    @staticmethod
+    def whole_step(optimizer, group, fs, params, t, decay):
+        return optim_numba.adam_step([p.data for p in params], fs.starts, fs.grad, fs.bufs["exp_avg"],
+                                     fs.bufs["exp_avg_sq"], fs.work, group, t, decay)
 
 
 def _compiled_adam_direction(group, g, bufs, out, t):

@@ -1,5 +1,6 @@
 """Adam/AdamW's update on the CPU, compiled by numba: the direction over the flat buffers in one
-pass, and each parameter's update p <- p (1 - lr wd) - step in one.
+pass, and each parameter's update p <- p (1 - lr wd) - step in one; or both at once, the whole
+step over every parameter, ``BATCH`` parameters per launch.
 
 The fast tier's ``CompiledFlatStep`` (fast/optim.py) calls them; the arithmetic, in the same
 order and dtype, is that of ``adam_direction`` there (the paper's cheaper form).
@@ -14,7 +15,7 @@ import numpy as np
 from .. import compiled
 from ..compiled import prange
 
-__all__ = ["adam_direction", "apply_update"]
+__all__ = ["BATCH", "adam_direction", "adam_step", "apply_update"]
 
 
 def _adam(g, m, v, out, b1, one_b1, b2, one_b2, eps_c, step):
@@ -33,8 +34,32 @@ def _apply_update(p, u, decay):
         p[i] = p[i] * decay - u[i]
 
 
+def _adam_step(ps, starts, g, m, v, u, b1, one_b1, b2, one_b2, eps_c, step, decay):
+    # parameter k, ps[k] (flat), lies at starts[k] in the flat buffers: _adam's direction into u,
+    # then _apply_update's p <- p decay - u, over its slice of them (two short loops that vectorise)
+    for k in prange(len(ps)):
+        p = ps[k]
+        lo = starts[k]
+        hi = lo + p.shape[0]
+        gk, mk, vk, uk = g[lo:hi], m[lo:hi], v[lo:hi], u[lo:hi]
+        for j in range(p.shape[0]):
+            gi = gk[j]
+            mi = mk[j] * b1 + gi * one_b1
+            vi = vk[j] * b2 + (gi * gi) * one_b2
+            mk[j] = mi
+            vk[j] = vi
+            uk[j] = mi / (np.sqrt(vi) + eps_c) * step
+        for j in range(p.shape[0]):
+            p[j] = p[j] * decay - uk[j]
+
+
 ADAM = compiled.jit(_adam)
 APPLY_UPDATE = compiled.jit(_apply_update)
+ADAM_STEP = compiled.jit(_adam_step)
+
+BATCH = 16
+"""Parameters per launch of the whole step: the kernel takes them as a tuple of this many arrays
+(padded with empty ones), so that one compiled version serves any number of parameters."""
 
 
 def adam_direction(group, g, bufs, out, t):
@@ -58,6 +83,32 @@ def apply_update(p, u, decay):
         return False
     try:
         compiled.kernel(APPLY_UPDATE, p.size)(p.reshape(-1), u.reshape(-1), p.dtype.type(decay))
+    except compiled.KernelFailed:
+        return False
+    return True
+
+
+def adam_step(params, starts, g, m, v, work, group, t, decay):
+    """A whole Adam(W) step: for each parameter array in ``params`` (C-contiguous; parameter k at
+    ``starts[k]`` in the flat buffers g, m, v and ``work``, which receives the direction), the
+    moments, the direction and p <- p * decay - step, ``BATCH`` parameters per launch. False where
+    a kernel does not apply or failed (only the first launch can fail, in compiling or loading,
+    before it writes anything)."""
+    if not (params and compiled.applies(g, m, v, work, *params) and all(p.flags.c_contiguous for p in params)):
+        return False
+    b1, b2 = (float(b) for b in group["betas"])
+    c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+    s = g.dtype.type
+    consts = (s(b1), s(1.0 - b1), s(b2), s(1.0 - b2), s(float(group["eps"]) * root_c2),
+              s(float(group["lr"]) * root_c2 / c1), s(decay))
+    flat = [p.reshape(-1) for p in params]
+    pad, at = np.empty(0, dtype=g.dtype), np.asarray(starts, dtype=np.int64)
+    try:
+        for a in range(0, len(flat), BATCH):
+            batch = flat[a:a + BATCH]
+            ps = tuple(batch) + (pad,) * (BATCH - len(batch))
+            where = np.concatenate([at[a:a + BATCH], np.zeros(BATCH - len(batch), np.int64)])
+            compiled.kernel(ADAM_STEP, sum(p.size for p in batch))(ps, where, g, m, v, work, *consts)
     except compiled.KernelFailed:
         return False
     return True
