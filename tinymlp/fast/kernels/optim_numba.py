@@ -1,6 +1,6 @@
 """Adam/AdamW's update on the CPU, compiled by numba: the direction over the flat buffers in one
 pass, and each parameter's update p <- p (1 - lr wd) - step in one; or both at once, the whole
-step over every parameter, ``BATCH`` parameters per launch.
+step over every parameter, the small ones ``BATCH`` per launch.
 
 The fast tier's ``CompiledFlatStep`` (fast/optim.py) calls them; the arithmetic, in the same
 order and dtype, is that of ``adam_direction`` there (the paper's cheaper form).
@@ -34,22 +34,26 @@ def _apply_update(p, u, decay):
         p[i] = p[i] * decay - u[i]
 
 
-def _adam_step(ps, starts, g, m, v, u, b1, one_b1, b2, one_b2, eps_c, step, decay):
-    # parameter k, ps[k] (flat), lies at starts[k] in the flat buffers: _adam's direction into u,
-    # then _apply_update's p <- p decay - u, over its slice of them (two short loops that vectorise)
-    for k in prange(len(ps)):
-        p = ps[k]
-        lo = starts[k]
-        hi = lo + p.shape[0]
-        gk, mk, vk, uk = g[lo:hi], m[lo:hi], v[lo:hi], u[lo:hi]
-        for j in range(p.shape[0]):
+def _adam_step(ps, starts, pieces, g, m, v, u, b1, one_b1, b2, one_b2, eps_c, step, decay):
+    # piece r = (k, lo, hi): values lo:hi of parameter k, ps[k] (flat), which lies at starts[k] in the
+    # flat buffers: _adam's direction into u, then _apply_update's p <- p decay - u, over that slice
+    # (two short loops that vectorise; pieces of one size share the cores evenly)
+    for r in prange(pieces.shape[0]):
+        k = pieces[r, 0]
+        lo = pieces[r, 1]
+        hi = pieces[r, 2]
+        p = ps[k][lo:hi]
+        at = starts[k] + lo
+        n = hi - lo
+        gk, mk, vk, uk = g[at:at + n], m[at:at + n], v[at:at + n], u[at:at + n]
+        for j in range(n):
             gi = gk[j]
             mi = mk[j] * b1 + gi * one_b1
             vi = vk[j] * b2 + (gi * gi) * one_b2
             mk[j] = mi
             vk[j] = vi
             uk[j] = mi / (np.sqrt(vi) + eps_c) * step
-        for j in range(p.shape[0]):
+        for j in range(n):
             p[j] = p[j] * decay - uk[j]
 
 
@@ -60,6 +64,10 @@ ADAM_STEP = compiled.jit(_adam_step)
 BATCH = 16
 """Parameters per launch of the whole step: the kernel takes them as a tuple of this many arrays
 (padded with empty ones), so that one compiled version serves any number of parameters."""
+
+PIECE = 8192
+"""Values per piece of work of the whole step: a large parameter is cut into pieces, so that the
+cores share a launch evenly."""
 
 
 def adam_direction(group, g, bufs, out, t):
@@ -91,9 +99,9 @@ def apply_update(p, u, decay):
 def adam_step(params, starts, g, m, v, work, group, t, decay):
     """A whole Adam(W) step: for each parameter array in ``params`` (C-contiguous; parameter k at
     ``starts[k]`` in the flat buffers g, m, v and ``work``, which receives the direction), the
-    moments, the direction and p <- p * decay - step, ``BATCH`` parameters per launch. False where
-    a kernel does not apply or failed (only the first launch can fail, in compiling or loading,
-    before it writes anything)."""
+    moments, the direction and p <- p * decay - step in one pass, ``BATCH`` parameters per launch,
+    in pieces of at most ``PIECE`` values. False where a kernel does not apply or failed (only the
+    first launch can fail, in compiling or loading, before it writes anything)."""
     if not (params and compiled.applies(g, m, v, work, *params) and all(p.flags.c_contiguous for p in params)):
         return False
     b1, b2 = (float(b) for b in group["betas"])
@@ -102,13 +110,19 @@ def adam_step(params, starts, g, m, v, work, group, t, decay):
     consts = (s(b1), s(1.0 - b1), s(b2), s(1.0 - b2), s(float(group["eps"]) * root_c2),
               s(float(group["lr"]) * root_c2 / c1), s(decay))
     flat = [p.reshape(-1) for p in params]
-    pad, at = np.empty(0, dtype=g.dtype), np.asarray(starts, dtype=np.int64)
+    pad = np.empty(0, dtype=g.dtype)
     try:
         for a in range(0, len(flat), BATCH):
             batch = flat[a:a + BATCH]
             ps = tuple(batch) + (pad,) * (BATCH - len(batch))
-            where = np.concatenate([at[a:a + BATCH], np.zeros(BATCH - len(batch), np.int64)])
-            compiled.kernel(ADAM_STEP, sum(p.size for p in batch))(ps, where, g, m, v, work, *consts)
+            at = np.array(list(starts[a:a + BATCH]) + [0] * (BATCH - len(batch)), dtype=np.int64)
+            compiled.kernel(ADAM_STEP, sum(p.size for p in batch))(ps, at, _pieces(batch), g, m, v, work, *consts)
     except compiled.KernelFailed:
         return False
     return True
+
+
+def _pieces(arrays):
+    """(k, lo, hi) rows: each array k cut into runs of at most ``PIECE`` values."""
+    rows = [(k, lo, min(lo + PIECE, a.size)) for k, a in enumerate(arrays) for lo in range(0, a.size, PIECE)]
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
