@@ -16,10 +16,16 @@ Toggles (each switched off by making its hook decline):
 - ``gelu-to-sgu``: GELU hands its dy/dx to the spatial gating unit (off: GELU's own backward);
 - ``ln-adds``: LayerNorm's backward adds dx into the residual path's gradient (off: the engine
   sums dx and that gradient in a pass of its own);
-- ``pending-bias``: a Linear's bias added by the op after it (off: added on its own).
+- ``pending-bias``: a Linear's bias added by the op after it (off: added on its own);
+- ``sums-into-views``: the engine sums gradients that meet into a view of an array only that view
+  holds (a Linear's reshaped dL/dx) as into a whole array (off: into whole arrays only, a new
+  array for the sum otherwise);
+- ``whole-adam``: AdamW's step as one compiled pass per 16 parameters (off: the direction over the
+  flat buffers, then one launch per parameter).
 
     python benchmarks/step_toggles.py --toggle ln-adds --models mixer_cifar,mixer_mnist
     python benchmarks/step_toggles.py --toggle gelu-to-sgu --models gmlp_cifar --pairs 20
+    python benchmarks/step_toggles.py --toggle whole-adam --models mixer_mnist,amlp_mnist --pairs 40
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_step  # noqa: E402 (puts the checkout on the path first)
 
 from tinymlp import autograd, guard  # noqa: E402
-from tinymlp.fast import activation, elementwise, gating  # noqa: E402
+from tinymlp.fast import activation, elementwise, gating, optim  # noqa: E402
 
 
 def _declines(*args, **kwargs):
@@ -65,11 +71,19 @@ def _no_pending_bias():
     return stack
 
 
+def _whole_arrays_only(g):
+    """The engine's test before views: a whole writable array that only its sums hold (called in
+    ``_sole``'s place, so the reference counts are the same)."""
+    return g.base is None and getattr(g.flags, "writeable", True) and sys.getrefcount(g) <= 4
+
+
 TOGGLES = {   # name -> a context manager factory that switches the feature off
     "guard-frees": _guard_keeps,
     "gelu-to-sgu": lambda: _replaced(gating.CompiledSpatialGating, "takes_derivative", staticmethod(_declines)),
     "ln-adds": lambda: _replaced(autograd.Context, "gradient_so_far", lambda self, index: None),
     "pending-bias": _no_pending_bias,
+    "sums-into-views": lambda: _replaced(autograd, "_sole", _whole_arrays_only),
+    "whole-adam": lambda: _replaced(optim.CompiledFlatStep, "whole_step", staticmethod(_declines)),
 }
 
 

@@ -126,8 +126,20 @@ def test_step_toggles_switch_each_hand_over_off_and_back_on():
         assert autograd.Context.gradient_so_far is not offered
     assert autograd.Context.gradient_so_far is offered and not gelu_in_graph()
 
+    view = np.ones(6).reshape(3, 2).T                     # a view of all of an array only it holds
+    assert autograd._sole(view)
+    with step_toggles.TOGGLES["sums-into-views"]():
+        assert not autograd._sole(view) and autograd._sole(np.ones(3))
+    assert autograd._sole(view)
+    from tinymlp.fast import optim
+    whole = vars(optim.CompiledFlatStep)["whole_step"]
+    with step_toggles.TOGGLES["whole-adam"]():
+        assert not optim.CompiledFlatStep.whole_step(None, None, None, None, 1, 1.0)
+    assert vars(optim.CompiledFlatStep)["whole_step"] is whole
 
-@pytest.mark.parametrize("toggle", ["guard-frees", "gelu-to-sgu", "ln-adds", "pending-bias"])
+
+@pytest.mark.parametrize("toggle", ["guard-frees", "gelu-to-sgu", "ln-adds", "pending-bias", "sums-into-views",
+                                    "whole-adam"])
 def test_step_toggles_runs(toggle):
     script = SCRIPT.parent / "step_toggles.py"
     out = subprocess.run([sys.executable, str(script), "--toggle", toggle, "--quick", "--models", "gmlp_mnist"],
