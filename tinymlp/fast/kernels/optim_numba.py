@@ -18,15 +18,21 @@ from ..compiled import prange
 __all__ = ["BATCH", "adam_direction", "adam_step", "apply_update"]
 
 
+def _moments(gi, mi, vi, b1, one_b1, b2, one_b2, eps_c, step):
+    # one value: m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  its direction
+    # step m / (sqrt(v) + eps sqrt(c2)); returns (m, v, direction)
+    mi = mi * b1 + gi * one_b1
+    vi = vi * b2 + (gi * gi) * one_b2
+    return mi, vi, mi / (np.sqrt(vi) + eps_c) * step
+
+
+moments = compiled.inline(_moments)
+
+
 def _adam(g, m, v, out, b1, one_b1, b2, one_b2, eps_c, step):
-    # m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  out <- step m / (sqrt(v) + eps sqrt(c2))
+    # the moments and the direction over the flat buffers
     for i in prange(g.shape[0]):
-        gi = g[i]
-        mi = m[i] * b1 + gi * one_b1
-        vi = v[i] * b2 + (gi * gi) * one_b2
-        m[i] = mi
-        v[i] = vi
-        out[i] = mi / (np.sqrt(vi) + eps_c) * step
+        m[i], v[i], out[i] = moments(g[i], m[i], v[i], b1, one_b1, b2, one_b2, eps_c, step)
 
 
 def _apply_update(p, u, decay):
@@ -47,12 +53,7 @@ def _adam_step(ps, starts, pieces, g, m, v, u, b1, one_b1, b2, one_b2, eps_c, st
         n = hi - lo
         gk, mk, vk, uk = g[at:at + n], m[at:at + n], v[at:at + n], u[at:at + n]
         for j in range(n):
-            gi = gk[j]
-            mi = mk[j] * b1 + gi * one_b1
-            vi = vk[j] * b2 + (gi * gi) * one_b2
-            mk[j] = mi
-            vk[j] = vi
-            uk[j] = mi / (np.sqrt(vi) + eps_c) * step
+            mk[j], vk[j], uk[j] = moments(gk[j], mk[j], vk[j], b1, one_b1, b2, one_b2, eps_c, step)
         for j in range(n):
             p[j] = p[j] * decay - uk[j]
 
