@@ -17,9 +17,9 @@ treats as "weak" scalars: float32 stays float32.
 ``dispatch.OPTIMIZER_STEP`` while the fast tier is on; ``optim.clip_grad_norm`` finds
 ``clip_grad_norm`` below under ``dispatch.CLIP_GRAD_NORM`` on CUDA. Three versions of the step,
 one per back end: ``FlatStep`` (the array code above, NumPy or CuPy), ``CompiledFlatStep`` (CPU,
-numba installed: Adam's direction and each parameter's update one compiled pass each,
-``kernels/optim_numba.py``) and ``CudaFlatStep`` (CUDA: a whole Adam(W) step in one kernel,
-``kernels/optim_cuda.py``).
+numba installed: a whole Adam(W) step in one compiled pass per 16 parameters, else Adam's
+direction and each parameter's update one compiled pass each, ``kernels/optim_numba.py``) and
+``CudaFlatStep`` (CUDA: a whole Adam(W) step in one kernel, ``kernels/optim_cuda.py``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ order and dtype, is that of ``adam_direction`` there (the paper's cheaper form).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -117,13 +118,16 @@ def adam_step(params, starts, g, m, v, work, group, t, decay):
             batch = flat[a:a + BATCH]
             ps = tuple(batch) + (pad,) * (BATCH - len(batch))
             at = np.array(list(starts[a:a + BATCH]) + [0] * (BATCH - len(batch)), dtype=np.int64)
-            compiled.kernel(ADAM_STEP, sum(p.size for p in batch))(ps, at, _pieces(batch), g, m, v, work, *consts)
+            sizes = tuple(p.size for p in batch)
+            compiled.kernel(ADAM_STEP, sum(sizes))(ps, at, _pieces(sizes), g, m, v, work, *consts)
     except compiled.KernelFailed:
         return False
     return True
 
 
-def _pieces(arrays):
-    """(k, lo, hi) rows: each array k cut into runs of at most ``PIECE`` values."""
-    rows = [(k, lo, min(lo + PIECE, a.size)) for k, a in enumerate(arrays) for lo in range(0, a.size, PIECE)]
+@functools.lru_cache(maxsize=64)
+def _pieces(sizes):
+    """(k, lo, hi) rows: each array k, of ``sizes[k]`` values, cut into runs of at most ``PIECE``
+    values (one array per layout of a batch, made once; the kernel only reads it)."""
+    rows = [(k, lo, min(lo + PIECE, n)) for k, n in enumerate(sizes) for lo in range(0, n, PIECE)]
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
