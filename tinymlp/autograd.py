@@ -78,13 +78,13 @@ class Context:
     what stays alive until backward is exactly what the ops saved.
     """
 
-    def __init__(self, fn, args, needs_input_grad):
+    def __init__(self, fn, args, arrays, needs_input_grad):
         self.fn = fn
         self.needs_input_grad = needs_input_grad
         self.saved_tensors = ()
         self.parents = tuple([graph.node_of(a) if need else None for a, need in zip(args, needs_input_grad)])
-        self.input_shapes = tuple([getattr(a, "shape", None) for a in args])
-        self.input_dtypes = tuple([getattr(a, "dtype", None) for a in args])
+        self.input_shapes = tuple([getattr(a, "shape", None) for a in arrays])
+        self.input_dtypes = tuple([getattr(a, "dtype", None) for a in arrays])
         self.output = None  # a weak reference to the output tensor, set by apply
         self.retain_graph = True  # set by backward(); True = the saved arrays must stay intact
 
@@ -210,15 +210,15 @@ class Function:
         the graph, so that ``backward`` is called during ``y.backward()``.
         """
         arrays = [a._array if isinstance(a, Tensor) else a for a in args]     # a pending bias not added yet
-        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        record = is_grad_enabled() and any(needs)
+        needs = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
+        record = True in needs and is_grad_enabled()
         contract.check_inputs(cls, args, arrays, kwargs, record)
         # The one hook: the fast tier's implementation of this op on this device, if it registered
         # one (tinymlp/dispatch.py), else the class itself. Same contract, tested against it.
         impl = dispatch.implementation_for(cls, arrays)
         # What the ops that made the inputs hand over (tinymlp/handover.py): a bias to add, a derivative
         arrays, kwargs, links = handover.take(impl, args, arrays, kwargs, record)
-        ctx = Context(impl, args, needs) if record else _NoGraphContext(len(args))
+        ctx = Context(impl, args, arrays, needs) if record else _NoGraphContext(len(args))
         if links:
             ctx.parents = tuple(links.get(i, p) for i, p in enumerate(ctx.parents))
         out = impl.forward(ctx, *arrays, **kwargs)

@@ -83,9 +83,9 @@ def check_inputs(fn, args, arrays, kwargs, recording) -> None:
                 f"{fn.__name__}.apply: the tensor {key!r} was passed by keyword; pass tensors positionally, "
                 f"in forward's order (keyword arguments are options: a tensor there would get no gradient)"
             )
-    if recording:
+    if recording and len({getattr(arr, "dtype", None) for arr in arrays} - {None}) > 1:   # several dtypes
         dtypes = [d if isinstance(d := getattr(arr, "dtype", None), np.dtype) else None for arr in arrays]
-        if len(set(dtypes) - {None}) > 1:     # several dtypes: look closer
+        if len(set(dtypes) - {None}) > 1:     # several NumPy dtypes: look closer
             floats = [(i, dtype) for i, dtype in enumerate(dtypes) if dtype is not None and dtype.kind == "f"]
             if len(floats) > 1:
                 j, widest = max(floats, key=lambda f: f[1].itemsize)
@@ -94,6 +94,8 @@ def check_inputs(fn, args, arrays, kwargs, recording) -> None:
                         raise MixedPrecisionError(fn.__name__, input_name(fn, i), dtype, input_name(fn, j), widest)
     if "cupy" not in sys.modules:  # without CuPy every array is a NumPy array: nothing more to check
         return
+    if len({type(arr) for a, arr in zip(args, arrays) if isinstance(a, Tensor)}) < 2:
+        return                     # one array type: one device (a Tensor holds no CuPy array off GPU 0)
     devices = [device_of(arr) for a, arr in zip(args, arrays) if isinstance(a, Tensor)]
     if len(set(devices)) > 1:
         raise RuntimeError(

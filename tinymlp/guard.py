@@ -129,10 +129,11 @@ def share_views(result, args, arrays) -> None:
     """An output that is a view of an input (a reshape, a slice) shares its input's storage:
     a write into one is a write into the other."""
     out = result._array
-    if getattr(out, "base", None) is None:     # owns its memory: a new array
+    owner = getattr(out, "base", None)         # NumPy and CuPy point a view's base at the owner
+    if owner is None:                          # owns its memory: a new array
         return
     for a, arr in zip(args, arrays):
-        if isinstance(a, Tensor) and _shares(out, arr):
+        if isinstance(a, Tensor) and (arr is owner or getattr(arr, "base", None) is owner) and _shares(out, arr):
             result._storage = storage_of(a)
             return
 
@@ -162,36 +163,35 @@ def record(ctx, args, arrays, kwargs=None) -> list:
     boolean array passed as it is (an index, class ids): a ``Constant``. The node keeps the list
     for ``check_unmodified``."""
     records = []
+    saved = ctx.saved_tensors
+    ids = {id(s) for s in saved}                # the saved arrays,
+    owners = {id(_owner(s)) for s in saved}     # and the arrays that own their memory
     for i, a in enumerate(args):
-        if isinstance(a, (np.ndarray, tuple, list)):        # a Tensor is none of these
+        if isinstance(a, Tensor):
+            arr = arrays[i]
+            if id(arr) in ids or (id(_owner(arr)) in owners and _overlaps(arr, saved)):
+                records.append(_save(ctx, i, a, arr))
+        elif isinstance(a, (np.ndarray, tuple, list)):
             records += [Constant(i, arr) for arr in _constants([a])]
     if kwargs:
         records += [Constant(None, arr) for arr in _constants(kwargs.values())]
-    saved = ctx.saved_tensors
-    if not saved:
-        return records
-    ids, by_owner = {id(s) for s in saved}, None
-    for i, a in enumerate(args):
-        if not isinstance(a, Tensor):
-            continue
-        arr = arrays[i]
-        if id(arr) not in ids:           # not the input itself (the usual case): a view of its memory?
-            if not arr.size:
-                continue
-            if by_owner is None:         # the saved arrays by the array that owns their memory
-                by_owner = {}
-                for s in saved:
-                    if hasattr(s, "dtype"):
-                        by_owner.setdefault(id(_owner(s)), []).append(s)
-            if not any(_shares(s, arr) for s in by_owner.get(id(_owner(arr)), ())):
-                continue
-        storage = a._storage if a._storage is not None else storage_of(a)
-        if len(storage.saves) > 8:                     # graphs dropped without backward
-            storage.saves = [s for s in storage.saves if s.pending()]
-        saved_input = Saved(i, arr, storage, a.name, ctx)
-        storage.saves.append(saved_input)
-        records.append(saved_input)
     return records
+
+
+def _overlaps(arr, saved):
+    """Whether a saved array overlaps ``arr``, a view of the same owner (views of one owner may
+    not: the two halves of the gating unit's z)."""
+    return arr.size > 0 and any(_shares(s, arr) for s in saved)
+
+
+def _save(ctx, index, t, arr):
+    """The ``Saved`` record of input ``index`` (tensor ``t``, array ``arr``), listed on t's storage."""
+    storage = t._storage if t._storage is not None else storage_of(t)
+    if len(storage.saves) > 8:                     # graphs dropped without backward
+        storage.saves = [s for s in storage.saves if s.pending()]
+    saved_input = Saved(index, arr, storage, t.name, ctx)
+    storage.saves.append(saved_input)
+    return saved_input
 
 
 def check_unmodified(node, last=False) -> None:

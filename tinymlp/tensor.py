@@ -154,6 +154,7 @@ class Tensor:
     @data.setter
     def data(self, value):
         """Rebind the array (a graph that saved the old one keeps the old one)."""
+        device_of(value)      # refuses a CuPy array off GPU 0, as the constructor does
         self._data = value
         self._storage = None
 

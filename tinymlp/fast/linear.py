@@ -23,6 +23,8 @@ it added first (``Tensor._data``).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..backend import array_module, device_constant
@@ -87,4 +89,11 @@ class FastLinear(Linear):
 
 def _ones(xp, n, dtype):
     """A ones vector of length n, made once per (device, n, dtype) and reused (read only)."""
-    return device_constant(xp, ("ones", n, str(dtype)), lambda: np.ones(n, dtype=dtype))
+    return _host_ones(n, dtype) if xp is np else device_constant(xp, ("ones", n, dtype), lambda: _host_ones(n, dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _host_ones(n, dtype):
+    ones = np.ones(n, dtype=dtype)
+    ones.flags.writeable = False
+    return ones
