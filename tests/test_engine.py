@@ -492,6 +492,21 @@ def test_cpu_tensor_meeting_a_cuda_tensor_names_the_op_and_both_devices(fake_cup
     assert "Mul" in message and "cpu" in message and "cuda" in message
 
 
+class _FakeSecondGpuArray(_FakeCudaArray):
+    device = types.SimpleNamespace(id=1)
+
+
+def test_an_array_off_gpu_0_never_enters_a_tensor(fake_cupy):
+    """The ops check devices only where array types differ, so the ways into a Tensor refuse a
+    CuPy array on another GPU: the constructor (``tinymlp.tensor(..., device=...)``, tested with
+    CUDA) and the ``.data`` setter."""
+    off = np.ones(2, dtype=np.float32).view(_FakeSecondGpuArray)
+    t = _on_fake_gpu([1.0, 2.0])
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=1"):
+        t.data = off
+    assert t.data.device.id == 0
+
+
 def test_check_same_device_unit(fake_cupy):
     a, b = tensor([1.0, 2.0]), _on_fake_gpu([3.0, 4.0])
     with pytest.raises(RuntimeError, match="different devices"):
