@@ -9,6 +9,8 @@ finds its input laid out the same way: layouts propagate, nothing is copied.
 
 from __future__ import annotations
 
+import functools
+
 from ..backend import array_module
 
 __all__ = ["as_matrix", "empty_like", "empty_token_major", "inverse", "memory_order", "rows", "same_layout",
@@ -16,10 +18,17 @@ __all__ = ["as_matrix", "empty_like", "empty_token_major", "inverse", "memory_or
 
 
 def memory_order(x):
-    """The axes of ``x`` from the largest stride to the smallest (ties keep their order)."""
+    """The axes of ``x`` from the largest stride to the smallest (ties keep their order); for a
+    C-contiguous x, its own order."""
+    if x.flags.c_contiguous:
+        return _IDENTITY[x.ndim] if x.ndim < len(_IDENTITY) else tuple(range(x.ndim))
     return tuple(sorted(range(x.ndim), key=lambda i: -x.strides[i]))
 
 
+_IDENTITY = [tuple(range(n)) for n in range(8)]
+
+
+@functools.lru_cache(maxsize=256)
 def inverse(order):
     """The permutation that undoes ``order``."""
     inv = [0] * len(order)
