@@ -67,8 +67,9 @@ class FlatGroup:
     @staticmethod
     def uniform(params):
         """Whether the parameters share one dtype and one device (what one flat buffer needs)."""
-        first = params[0].data
-        return all(p.data.dtype == first.dtype and device_of(p.data) == device_of(first) for p in params)
+        arrays = [p._data for p in params]       # one array type is one device (GPU 0 only)
+        kind, dtype = type(arrays[0]), arrays[0].dtype
+        return all(type(a) is kind and a.dtype == dtype for a in arrays)
 
     def view(self, flat, i):
         return flat[self.starts[i]:self.stops[i]].reshape(self.shapes[i])
