@@ -114,10 +114,11 @@ def gradients(node, returned) -> tuple:
     name = node.fn.__name__
     grads = returned if isinstance(returned, tuple) else (returned,)
     n = len(node.parents)
-    arrays = [i for i, shape in enumerate(node.input_shapes) if shape is not None]
-    least = arrays[-1] + 1 if arrays else 0
-    if not least <= len(grads) <= n:
-        raise GradientMismatchError(name, None, "count", len(grads), n)
+    if len(grads) != n:              # fewer: only trailing inputs that are not arrays may be left out
+        arrays = [i for i, shape in enumerate(node.input_shapes) if shape is not None]
+        least = arrays[-1] + 1 if arrays else 0
+        if not least <= len(grads) <= n:
+            raise GradientMismatchError(name, None, "count", len(grads), n)
     for i, g in enumerate(grads):
         if g is None:
             continue
