@@ -78,6 +78,8 @@ class Context:
     what stays alive until backward is exactly what the ops saved.
     """
 
+    pending_bias = elementwise_derivative = None    # the hand-overs: None unless forward sets them
+
     def __init__(self, fn, args, arrays, needs_input_grad):
         self.fn = fn
         self.needs_input_grad = needs_input_grad
@@ -120,6 +122,7 @@ class _NoGraphContext:
     """The ctx that forward receives when no graph is recorded: it remembers nothing."""
 
     saved_tensors = ()
+    pending_bias = None
 
     def __init__(self, n):
         self.needs_input_grad = (False,) * n
@@ -227,9 +230,8 @@ class Function:
         if record:
             ctx.output = weakref.ref(result)
             ctx.guarded = guard.record(ctx, args, arrays, kwargs)   # what backward will check is unchanged
-        pending = getattr(ctx, "pending_bias", None)
-        if pending is not None:
-            result._pending = pending
+        if ctx.pending_bias is not None:
+            result._pending = ctx.pending_bias
         return result
 
 
