@@ -497,7 +497,7 @@ def bench_model(name, runs, args, torch):
     if args.profile and profiled is not None:
         floors = floor.by_label(n, args.gap) if floor is not None else None
         floor_ms = result["ms"].get("matmul", sum(floors.values()) if floors else None)  # (--solo: not timed whole)
-        result["profile"] = profile(*profiled, n, args.gap).table(floor_ms, floors)
+        result["profile"] = profile(*profiled, n, args.gap).table(floor_ms, floors, top=24)
     if args.memory:
         for k in timed:
             if k in ("fast", "reference", "fast-nonumba"):

@@ -114,7 +114,7 @@ def profile_model(name, batch, steps, top, cp, torch):
 
             prof.record(lambda: F.cross_entropy(model(x), y), rest)
     print("  host time per op (exclusive, ms per step; the GPU runs behind):")
-    print("\n".join(prof.table(top=16)))
+    print("\n".join(prof.table(top=24)))
     if torch is None:
         return
     print("  tinymlp's kernels:")

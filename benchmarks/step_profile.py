@@ -2,10 +2,14 @@
 
 Every ``Function``'s forward and backward (the fast tier's and the reference's) is timed by a
 wrapper while the step runs; the rest of the step is split into what the engine does between
-the ops' backward passes (sorting the graph, adding gradients that meet, accumulating leaf
-gradients: ``backward: engine``), what the models do around the ops' forward passes (Python,
-modules: ``forward: other``), ``optimizer.step()`` and ``zero_grad()``. Times are exclusive: a
-timed call inside another is not counted twice. The wrappers cost about a microsecond per call.
+the ops' backward passes (adding gradients that meet, accumulating leaf gradients: ``backward:
+engine``), what the models do around the ops' forward passes (Python, modules: ``forward:
+other``), ``optimizer.step()`` and ``zero_grad()``. The bookkeeping that ``Function.apply`` and
+``backward()`` do for every op is timed apart (``HOOKS``): ``apply: ...`` (the in-place guard's
+records, the input checks, the hand-overs with the pending biases they add, the graph node, the
+dispatch) and ``engine: ...`` (the guard's checks, the gradient checks, the graph's walk and
+freeing). Times are exclusive: a timed call inside another is not counted twice. The wrappers
+cost about a microsecond per call.
 """
 
 from __future__ import annotations
@@ -15,9 +19,21 @@ import statistics
 import time
 from collections import defaultdict
 
-from tinymlp import autograd
-from tinymlp.autograd import Function
+from tinymlp import autograd, contract, dispatch, graph, guard, handover
+from tinymlp.autograd import Context, Function
 from tinymlp.optim import Optimizer
+
+HOOKS = (   # (module, function, label): what apply() and backward() do for every op, besides the op
+    (guard, "record", "apply: in-place guard"),
+    (guard, "share_views", "apply: in-place guard"),
+    (contract, "check_inputs", "apply: input checks"),
+    (handover, "take", "apply: hand-overs"),
+    (dispatch, "implementation_for", "apply: dispatch"),
+    (guard, "check_unmodified", "engine: in-place guard"),
+    (contract, "gradients", "engine: gradient checks"),
+    (graph, "nodes", "engine: graph walk"),
+    (graph, "free", "engine: graph walk"),
+)
 
 
 def op_name(cls):
@@ -86,7 +102,8 @@ class StepProfile:
                             classmethod(timed) if isinstance(original, classmethod) else staticmethod(timed))
         for owner, method, label in ((autograd, "backward", "backward: engine"),
                                      (Optimizer, "step", "optimizer step"),
-                                     (Optimizer, "zero_grad", "zero_grad")):
+                                     (Optimizer, "zero_grad", "zero_grad"),
+                                     (Context, "__init__", "apply: graph node"), *HOOKS):
             original = owner.__dict__[method]
             saved.append((owner, method, original))
             setattr(owner, method, self._timed(label, original))

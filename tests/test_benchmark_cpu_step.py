@@ -30,7 +30,8 @@ def test_cpu_step_profile_names_the_ops_and_the_floor(extra):
     assert out.returncode == 0, out.stdout + out.stderr
     for expected in ("where the fast step's time goes", "Linear fwd", "SpatialGating bwd", "Attention fwd",
                      "backward: engine", "optimizer step", "matrix products alone", "whole step", "products",
-                     "rest = ms - products"):
+                     "rest = ms - products", "apply: in-place guard", "apply: hand-overs", "apply: graph node",
+                     "engine: gradient checks", "engine: graph walk"):
         assert expected in out.stdout, (expected, out.stdout)
 
 
