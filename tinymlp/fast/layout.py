@@ -21,11 +21,8 @@ def memory_order(x):
     """The axes of ``x`` from the largest stride to the smallest (ties keep their order); for a
     C-contiguous x, its own order."""
     if x.flags.c_contiguous:
-        return _IDENTITY[x.ndim] if x.ndim < len(_IDENTITY) else tuple(range(x.ndim))
+        return tuple(range(x.ndim))
     return tuple(sorted(range(x.ndim), key=lambda i: -x.strides[i]))
-
-
-_IDENTITY = [tuple(range(n)) for n in range(8)]
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,6 +1,6 @@
 """Adam/AdamW's update on the CPU, compiled by numba: the direction over the flat buffers in one
 pass, and each parameter's update p <- p (1 - lr wd) - step in one; or both at once, the whole
-step over every parameter, the small ones ``BATCH`` per launch.
+step over every parameter, ``BATCH`` parameters per launch in pieces of ``PIECE`` values.
 
 The fast tier's ``CompiledFlatStep`` (fast/optim.py) calls them; the arithmetic, in the same
 order and dtype, is that of ``adam_direction`` there (the paper's cheaper form).
@@ -117,17 +117,19 @@ def adam_step(params, starts, g, m, v, work, group, t, decay):
         for a in range(0, len(flat), BATCH):
             batch = flat[a:a + BATCH]
             ps = tuple(batch) + (pad,) * (BATCH - len(batch))
-            at = np.array(list(starts[a:a + BATCH]) + [0] * (BATCH - len(batch)), dtype=np.int64)
             sizes = tuple(p.size for p in batch)
-            compiled.kernel(ADAM_STEP, sum(sizes))(ps, at, _pieces(sizes), g, m, v, work, *consts)
+            at, pieces = _layout(tuple(starts[a:a + BATCH]), sizes)
+            compiled.kernel(ADAM_STEP, sum(sizes))(ps, at, pieces, g, m, v, work, *consts)
     except compiled.KernelFailed:
         return False
     return True
 
 
 @functools.lru_cache(maxsize=64)
-def _pieces(sizes):
-    """(k, lo, hi) rows: each array k, of ``sizes[k]`` values, cut into runs of at most ``PIECE``
-    values (one array per layout of a batch, made once; the kernel only reads it)."""
+def _layout(starts, sizes):
+    """``(at, pieces)`` for one batch, made once per layout (the kernel only reads them): ``at``,
+    where each array k starts in the flat buffers (padded to ``BATCH``), and (k, lo, hi) rows, each
+    array of ``sizes[k]`` values cut into runs of at most ``PIECE`` values."""
+    at = np.array(starts + (0,) * (BATCH - len(starts)), dtype=np.int64)
     rows = [(k, lo, min(lo + PIECE, n)) for k, n in enumerate(sizes) for lo in range(0, n, PIECE)]
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return at, np.array(rows, dtype=np.int64).reshape(-1, 3)
