@@ -36,7 +36,7 @@ import cpu_step  # noqa: E402
 @contextlib.contextmanager
 def guard_off():
     """The step without the guard: its hooks in tinymlp.guard made no-ops for a while."""
-    hooks = dict(record=lambda ctx, args, arrays, kwargs=None: (), share_views=lambda result, args, arrays: None,
+    hooks = dict(record=lambda ctx, args, arrays, kwargs=None: (), share_views=lambda result, out, args, arrays: None,
                  check_unmodified=lambda node, last=False: None, before_raw_access=lambda storage: None)
     saved = {name: getattr(guard, name) for name in hooks}
     for name, fn in hooks.items():

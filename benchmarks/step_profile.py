@@ -19,15 +19,16 @@ import statistics
 import time
 from collections import defaultdict
 
-from tinymlp import autograd, contract, dispatch, graph, guard, handover
+from tinymlp import autograd, contract, dispatch, graph, guard
 from tinymlp.autograd import Context, Function
+from tinymlp.fast.engine import FastEngine
 from tinymlp.optim import Optimizer
 
 HOOKS = (   # (module, function, label): what apply() and backward() do for every op, besides the op
     (guard, "record", "apply: in-place guard"),
     (guard, "share_views", "apply: in-place guard"),
     (contract, "check_inputs", "apply: input checks"),
-    (handover, "take", "apply: hand-overs"),
+    (FastEngine, "forward", "apply: hand-overs"),      # the fast engine's loop over the inputs
     (dispatch, "implementation_for", "apply: dispatch"),
     (guard, "check_unmodified", "engine: in-place guard"),
     (contract, "gradients", "engine: gradient checks"),
@@ -92,7 +93,7 @@ class StepProfile:
         saved = []
         for cls in _functions():
             name = op_name(cls)
-            for method, what in (("forward", "fwd"), ("backward", "bwd")):
+            for method, what in (("forward", "fwd"), ("backward", "bwd"), ("backward_into", "bwd")):
                 if method in cls.__dict__:
                     original = cls.__dict__[method]
                     saved.append((cls, method, original))

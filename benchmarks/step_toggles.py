@@ -14,12 +14,14 @@ Toggles (each switched off by making its hook decline):
   its last backward (off: it keeps them through it, until its storages' lists are next pruned,
   so the early frees of backward free nothing);
 - ``gelu-to-sgu``: GELU hands its dy/dx to the spatial gating unit (off: GELU's own backward);
-- ``ln-adds``: LayerNorm's backward adds dx into the residual path's gradient (off: the engine
-  sums dx and that gradient in a pass of its own);
+- ``ln-adds``: LayerNorm's backward adds dx into the residual path's gradient (``backward_into``;
+  off: the engine sums dx and that gradient in a pass of its own);
 - ``pending-bias``: a Linear's bias added by the op after it (off: added on its own);
 - ``sums-into-views``: the engine sums gradients that meet into a view of an array only that view
   holds (a Linear's reshaped dL/dx) as into a whole array (off: into whole arrays only, a new
   array for the sum otherwise);
+- ``sums-in-place``: the engine sums gradients that meet into the first one wherever only it holds
+  that array (off: every sum a new array, as the reference engine does);
 - ``whole-adam``: AdamW's step as one compiled pass per 16 parameters (off: the direction over the
   flat buffers, then one launch per parameter).
 
@@ -41,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cpu_step  # noqa: E402 (puts the checkout on the path first)
 
-from tinymlp import autograd, guard  # noqa: E402
-from tinymlp.fast import activation, elementwise, gating, optim  # noqa: E402
+from tinymlp import guard  # noqa: E402
+from tinymlp.fast import activation, elementwise, engine, gating, optim  # noqa: E402
 
 
 def _declines(*args, **kwargs):
@@ -61,7 +63,7 @@ def _replaced(owner, name, value):
 
 def _guard_keeps():
     check = guard.check_unmodified
-    return _replaced(autograd.guard, "check_unmodified", lambda node, last=False: check(node, last=False))
+    return _replaced(guard, "check_unmodified", lambda node, last=False: check(node, last=False))
 
 
 def _no_pending_bias():
@@ -73,16 +75,17 @@ def _no_pending_bias():
 
 def _whole_arrays_only(g):
     """The engine's test before views: a whole writable array that only its sums hold (called in
-    ``_sole``'s place, so the reference counts are the same)."""
+    ``sole``'s place, so the reference counts are the same)."""
     return g.base is None and getattr(g.flags, "writeable", True) and sys.getrefcount(g) <= 4
 
 
 TOGGLES = {   # name -> a context manager factory that switches the feature off
     "guard-frees": _guard_keeps,
     "gelu-to-sgu": lambda: _replaced(gating.CompiledSpatialGating, "takes_derivative", staticmethod(_declines)),
-    "ln-adds": lambda: _replaced(autograd.Context, "gradient_so_far", lambda self, index: None),
+    "ln-adds": lambda: _replaced(engine.FastEngine, "offer_sum", lambda self, node, grads: None),
     "pending-bias": _no_pending_bias,
-    "sums-into-views": lambda: _replaced(autograd, "_sole", _whole_arrays_only),
+    "sums-into-views": lambda: _replaced(engine, "sole", _whole_arrays_only),
+    "sums-in-place": lambda: _replaced(engine, "sole", lambda g: False),
     "whole-adam": lambda: _replaced(optim.CompiledFlatStep, "whole_step", staticmethod(_declines)),
 }
 

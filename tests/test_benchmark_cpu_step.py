@@ -102,7 +102,8 @@ def test_step_toggles_switch_each_hand_over_off_and_back_on():
 
     import tinymlp
     import tinymlp.functional as F
-    from tinymlp import autograd, fast, graph
+    from tinymlp import fast, graph
+    from tinymlp.fast import engine
 
     sys.path.insert(0, str(SCRIPT.parent))
     try:
@@ -119,19 +120,22 @@ def test_step_toggles_switch_each_hand_over_off_and_back_on():
             out = F.spatial_gating(F.gelu(h), w, b, gamma, beta)
         return any("GELU" in node.fn.__name__ for node in graph.ops(out))
 
-    offered = autograd.Context.gradient_so_far
+    offer = engine.FastEngine.offer_sum
     assert not gelu_in_graph()
     with step_toggles.TOGGLES["gelu-to-sgu"]():
         assert gelu_in_graph()
     with step_toggles.TOGGLES["ln-adds"]():
-        assert autograd.Context.gradient_so_far is not offered
-    assert autograd.Context.gradient_so_far is offered and not gelu_in_graph()
+        assert engine.FastEngine.offer_sum is not offer
+    assert engine.FastEngine.offer_sum is offer and not gelu_in_graph()
 
     view = np.ones(6).reshape(3, 2).T                     # a view of all of an array only it holds
-    assert autograd._sole(view)
+    assert engine.sole(view)
     with step_toggles.TOGGLES["sums-into-views"]():
-        assert not autograd._sole(view) and autograd._sole(np.ones(3))
-    assert autograd._sole(view)
+        assert not engine.sole(view) and engine.sole(np.ones(3))
+    assert engine.sole(view)
+    with step_toggles.TOGGLES["sums-in-place"]():
+        assert not engine.sole(np.ones(3))
+    assert engine.sole(np.ones(3))
     from tinymlp.fast import optim
     whole = vars(optim.CompiledFlatStep)["whole_step"]
     with step_toggles.TOGGLES["whole-adam"]():
@@ -140,7 +144,7 @@ def test_step_toggles_switch_each_hand_over_off_and_back_on():
 
 
 @pytest.mark.parametrize("toggle", ["guard-frees", "gelu-to-sgu", "ln-adds", "pending-bias", "sums-into-views",
-                                    "whole-adam"])
+                                    "sums-in-place", "whole-adam"])
 def test_step_toggles_runs(toggle):
     script = SCRIPT.parent / "step_toggles.py"
     out = subprocess.run([sys.executable, str(script), "--toggle", toggle, "--quick", "--models", "gmlp_mnist"],

@@ -15,8 +15,9 @@ import pytest
 
 import tinymlp
 import tinymlp.functional as F
-from tinymlp import Function, Tensor, autograd, contract, graph, no_grad, tensor
+from tinymlp import Function, Tensor, autograd, contract, fast, graph, no_grad, tensor
 from tinymlp.contract import GradientMismatchError
+from tinymlp.fast.engine import take_saved
 from tinymlp.ops.elementwise import Mul
 
 
@@ -246,22 +247,22 @@ def test_graph_is_freed_after_backward():
     x = leaf([1.0, -2.0, 3.0])
     h = x.relu()  # ReLU saves a boolean mask that nothing else references
     y = (h * 2.0).sum()
-    mask = weakref.ref(h._ctx.saved_tensors[0])
+    mask = weakref.ref(h.grad_fn.saved_tensors[0])
     y.backward()
     gc.collect()
     assert mask() is None
-    assert h._ctx is graph.FREED and y._ctx is graph.FREED
-    assert x._ctx is None  # leaves stay leaves
+    assert h.grad_fn is graph.FREED and y.grad_fn is graph.FREED
+    assert x.grad_fn is None  # leaves stay leaves
 
 
 def test_retain_graph_keeps_saved_arrays():
     x = leaf([1.0, -2.0, 3.0])
     h = x.relu()
-    mask = weakref.ref(h._ctx.saved_tensors[0])
+    mask = weakref.ref(h.grad_fn.saved_tensors[0])
     h.sum().backward(retain_graph=True)
     gc.collect()
     assert mask() is not None
-    assert h._ctx is not graph.FREED
+    assert h.grad_fn is not graph.FREED
 
 
 def _saved_array_probe(freed):
@@ -275,7 +276,7 @@ def _saved_array_probe(freed):
 
         @staticmethod
         def backward(ctx, grad):
-            (x,) = ctx.pop_saved()
+            (x,) = take_saved(ctx)
             ref = weakref.ref(x)
             del x
             freed.append(ref() is None)
@@ -284,15 +285,18 @@ def _saved_array_probe(freed):
     return Probe
 
 
-def test_a_saved_array_dropped_on_the_last_backward_is_freed_there():
-    """What an op releases during its last backward (a Linear its input, before it allocates the
-    input's gradient) is freed then: the in-place guard, its check done, does not keep it alive."""
+@pytest.mark.parametrize("tier", ["fast", "reference"])
+def test_a_saved_array_dropped_on_the_last_backward_is_freed_there(tier):
+    """What a fast op releases during its last backward (a Linear its input, before it allocates
+    the input's gradient; ``take_saved``) is freed then under the fast engine: the in-place guard,
+    its check done, does not keep it alive. The reference engine frees the node after its backward."""
     freed = []
     Probe = _saved_array_probe(freed)
-    x = leaf(np.ones((4, 3)))
-    y = Probe.apply(x * 3.0).sum()          # the probe's input: an intermediate no one else holds
-    y.backward()
-    assert freed == [True]
+    with fast.enabled() if tier == "fast" else fast.disabled():
+        x = leaf(np.ones((4, 3)))
+        y = Probe.apply(x * 3.0).sum()          # the probe's input: an intermediate no one else holds
+        y.backward()
+    assert freed == [tier == "fast"]
 
 
 def test_what_a_node_kept_on_ctx_is_freed_once_its_last_backward_ran():
@@ -342,8 +346,8 @@ def test_a_retained_graph_keeps_the_saved_array_for_the_guard_of_the_next_backwa
 
 
 def _adds_into(offered, adds):
-    """A Function y = 3x whose backward records whether the engine offered it x's gradient so
-    far and, where ``adds``, adds its own into that sum and returns it."""
+    """A Function y = 3x whose ``backward_into`` records that the fast engine handed it x's
+    gradient so far and, where ``adds``, adds its own into that sum and returns it."""
 
     class AddsInto(Function):
         @staticmethod
@@ -352,39 +356,46 @@ def _adds_into(offered, adds):
 
         @staticmethod
         def backward(ctx, grad):
-            so_far = ctx.gradient_so_far(0)
-            offered.append(so_far is not None)
-            if so_far is None or not adds:
+            offered.append(False)
+            return grad * 3.0
+
+        @staticmethod
+        def backward_into(ctx, grad, into):
+            offered.append(True)
+            if not adds:
                 return grad * 3.0
-            so_far += grad * 3.0
-            return so_far
+            into += grad * 3.0
+            return into
 
     return AddsInto
 
 
-def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it():
-    """At a residual connection the engine offers the gradient already summed for an input
-    (``ctx.gradient_so_far``); a backward that adds into it and returns it saves the engine's
-    sum, and the leaf gets the same gradient."""
+@pytest.mark.parametrize("tier", ["fast", "reference"])
+def test_a_backward_may_add_its_gradient_into_the_sum_so_far_and_return_it(tier):
+    """At a residual connection the fast engine hands an op with ``backward_into`` the gradient
+    already summed for its input 0; a backward that adds into it and returns it saves the engine's
+    sum, and the leaf gets the same gradient. The reference engine calls ``backward``."""
     offered = []
     AddsInto = _adds_into(offered, adds=True)
-    x = leaf(np.ones(4))
-    h = x * 1.0                                       # an op node: the sums meet there
-    (h * 2.0 + AddsInto.apply(h)).sum().backward()    # h's gradient: 2 from the product, then 3
-    assert offered == [True]
+    with fast.enabled() if tier == "fast" else fast.disabled():
+        x = leaf(np.ones(4))
+        h = x * 1.0                                       # an op node: the sums meet there
+        (h * 2.0 + AddsInto.apply(h)).sum().backward()    # h's gradient: 2 from the product, then 3
+    assert offered == [tier == "fast"]
     np.testing.assert_array_equal(x.grad, np.full(4, 5.0))
 
 
 def test_no_sum_is_offered_that_another_op_still_holds_or_that_views_another_array():
     offered = []
     AddsInto = _adds_into(offered, adds=False)
-    x = leaf(np.ones((2, 3)))
-    h = x * 1.0
-    (AddsInto.apply(h)).sum().backward()              # nothing summed yet
-    h = x * 1.0
-    (h.reshape(6).reshape(2, 3) + AddsInto.apply(h)).sum().backward()   # the sum so far is a view
-    h = x * 1.0
-    (h + AddsInto.apply(h) + h * 0.0).sum().backward()  # the Add hands one array to two inputs
+    with fast.enabled():
+        x = leaf(np.ones((2, 3)))
+        h = x * 1.0
+        (AddsInto.apply(h)).sum().backward()              # nothing summed yet
+        h = x * 1.0
+        (h.reshape(6).reshape(2, 3) + AddsInto.apply(h)).sum().backward()   # the sum so far is a view
+        h = x * 1.0
+        (h + AddsInto.apply(h) + h * 0.0).sum().backward()  # the Add hands one array to two inputs
     assert offered == [False, False, False]
     np.testing.assert_array_equal(x.grad, np.full((2, 3), 3.0 + 4.0 + 4.0))   # three backward calls
 
@@ -396,7 +407,7 @@ def test_no_grad_context_builds_no_graph():
         assert not tinymlp.is_grad_enabled()
         y = (x * 2.0).exp().sum()
     assert tinymlp.is_grad_enabled()
-    assert y.requires_grad is False and y._ctx is None
+    assert y.requires_grad is False and y.grad_fn is None
     with pytest.raises(RuntimeError, match="does not require grad"):
         y.backward()
 
@@ -408,7 +419,7 @@ def test_no_grad_as_decorator_and_restored_after_an_exception():
 
     x = leaf([3.0])
     y = step(x)
-    assert y.requires_grad is False and y._ctx is None
+    assert y.requires_grad is False and y.grad_fn is None
     assert tinymlp.is_grad_enabled()
 
     with pytest.raises(ZeroDivisionError):
@@ -435,8 +446,8 @@ def test_enable_grad_inside_no_grad():
         with tinymlp.enable_grad():
             y = x * x
         z = x * x
-    assert y.requires_grad and y._ctx is not None
-    assert not z.requires_grad and z._ctx is None
+    assert y.requires_grad and y.grad_fn is not None
+    assert not z.requires_grad and z.grad_fn is None
 
 
 # ------------------------------------------------------------------ deep graphs
@@ -479,7 +490,7 @@ def fake_cupy(monkeypatch):
 
 
 def _on_fake_gpu(values):
-    return Tensor._from_op(np.asarray(values, dtype=np.float32).view(_FakeCudaArray), None)
+    return Tensor.from_array(np.asarray(values, dtype=np.float32).view(_FakeCudaArray), None)
 
 
 def test_cpu_tensor_meeting_a_cuda_tensor_names_the_op_and_both_devices(fake_cupy):
@@ -705,7 +716,7 @@ def test_needs_input_grad_marks_constants_and_keyword_options_pass_through():
 def test_function_on_constants_only_records_nothing():
     Cube.calls.clear()
     y = Cube.apply(tensor([2.0]))
-    assert not y.requires_grad and y._ctx is None
+    assert not y.requires_grad and y.grad_fn is None
     np.testing.assert_array_equal(y.data, [8.0])
     assert Cube.calls == []
 
@@ -714,7 +725,7 @@ def test_function_on_constants_only_records_nothing():
 def test_detach_shares_data_and_stops_the_gradient():
     x = leaf([2.0, 3.0])
     d = x.detach()
-    assert d.data is x.data and not d.requires_grad and d._ctx is None
+    assert d.data is x.data and not d.requires_grad and d.grad_fn is None
     (d * x).sum().backward()  # d is a constant: the gradient is x, not 2x
     np.testing.assert_array_equal(x.grad, [2.0, 3.0])
 
@@ -993,21 +1004,28 @@ def test_float32_meeting_float64_is_refused_at_forward_naming_the_op_and_both_dt
 
 # --------------------------------------------------------------------------- the engine students read
 def test_the_engine_is_one_short_file_and_its_walk_is_the_one_in_graph():
-    """Lesson 02 sends students to tinymlp/autograd.py as "under 300 lines, worth reading top to
-    bottom": it stays that, and backward walks the graph with graph.nodes (the one walk)."""
+    """Lesson 02 sends students to tinymlp/autograd.py as "about 200 lines, worth reading top to
+    bottom": it stays that, holds the algorithm alone (no name of the fast engine's savings), and
+    backward walks the graph with graph.nodes (the one walk), which the fast engine inherits."""
     import inspect
+    import re
     from pathlib import Path
 
     from tinymlp import graph
-    lines = Path(autograd.__file__).read_text(encoding="utf-8").count("\n")
-    assert lines <= 300, f"tinymlp/autograd.py has {lines} lines"
-    assert "graph.nodes(" in inspect.getsource(autograd.backward)
+    from tinymlp.fast.engine import FastEngine
+    text = Path(autograd.__file__).read_text(encoding="utf-8")
+    assert text.count("\n") <= 220, f"tinymlp/autograd.py has {text.count(chr(10))} lines"
+    fast_words = re.findall(r"pending|takes_bias|takes_derivative|derivative|getrefcount|sole|pop_saved|"
+                            r"gradient_so_far|backward_into|retain_graph =", text)
+    assert not fast_words, fast_words
+    assert "graph.nodes(" in inspect.getsource(autograd.Engine.backward)
+    assert "backward" not in vars(FastEngine) and "apply" not in vars(FastEngine)
     a = leaf([1.0, 2.0])
     b = a * 2.0
     c = (b + a).sum()
     order = graph.nodes(c)
     position = {id(node): i for i, node in enumerate(order)}
-    assert order[0] is a and order[-1] is c._ctx and position[id(b._ctx)] < position[id(c._ctx.parents[0])]
+    assert order[0] is a and order[-1] is c.grad_fn and position[id(b.grad_fn)] < position[id(c.grad_fn.parents[0])]
     assert len(order) == len(position) == 4                          # a, Mul, Add, Sum: a once
     assert [id(n) for n in graph.ops(c)] == [id(n) for n in order[1:]]
     c.backward()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import tinymlp
 import tinymlp.functional as F
-from tinymlp import Tensor, dispatch, fast
+from tinymlp import Tensor, autograd, dispatch, fast
 from tinymlp.backend import to_device
 from tinymlp.models import AMLP, GMLP, MLPMixer, create
 from tinymlp.ops.activation import GELU
@@ -64,7 +64,7 @@ def run_both(fn, arrays, grad_seed=0, device="cpu", expect=None):
             impl = fast.implementation(expect, device) if expect is not None else None
         if on and expect is not None:
             assert impl is not expect, f"no fast implementation of {expect.__name__} on {device}"
-            assert out._ctx is not None and out._ctx.fn is impl, (out._ctx, impl)
+            assert out.grad_fn is not None and out.grad_fn.fn is impl, (out.grad_fn, impl)
         g = np.random.default_rng(grad_seed).standard_normal(out.shape)
         out.backward(to_device(g, device) if device != "cpu" else g)
         results.append((to_device(out.data, "cpu"),
@@ -266,7 +266,8 @@ def test_every_registered_implementation_is_covered_here():
               dispatch.OPTIMIZER_STEP,    # test_flat_optimizer_equals_the_readable_one_...
               dispatch.CLIP_GRAD_NORM,    # CUDA only: test_cuda.py, test_cuda_without_gpu.py
               Dropout,                    # CUDA only, its own masks by design: the same two files
-              CrossEntropy}               # CUDA only: the same two files
+              CrossEntropy,               # CUDA only: the same two files
+              dispatch.ENGINE}            # the fast engine: tests/test_engine_tiers.py
     registered = {ref for (ref, _device) in fast.implementations()}
     assert registered <= tested, f"fast implementations without a contract test: {registered - tested}"
 
@@ -282,13 +283,15 @@ def test_the_table_is_what_the_engine_and_the_optimizers_look_up():
                 expected[(reference, device)] = impl
                 if isinstance(reference, type):
                     assert issubclass(impl, reference) and impl.reference is reference
+    expected[(dispatch.ENGINE, "any")] = fast.engine.ENGINE      # beside the table: one engine, every device
+    assert isinstance(fast.engine.ENGINE, autograd.Engine)
     assert dispatch.registered() == expected
     x = Tensor(np.ones((2, 3)), requires_grad=True, dtype="float64")
     with fast.enabled():
-        assert F.layer_norm(x, None, None)._ctx.fn is expected[(LayerNorm, "cpu")]
+        assert F.layer_norm(x, None, None).grad_fn.fn is expected[(LayerNorm, "cpu")]
         assert dispatch.lookup(dispatch.OPTIMIZER_STEP, "cpu") == expected[(dispatch.OPTIMIZER_STEP, "cpu")]
     with fast.disabled():
-        assert F.layer_norm(x, None, None)._ctx.fn is LayerNorm
+        assert F.layer_norm(x, None, None).grad_fn.fn is LayerNorm
         assert dispatch.lookup(dispatch.OPTIMIZER_STEP, "cpu") is None
 
 
@@ -411,9 +414,9 @@ def test_disabled_runs_the_reference_and_restores_the_state():
     w = Tensor(np.ones((3, 2)), requires_grad=True, dtype="float64")
     before = fast.is_enabled()
     with fast.disabled():
-        assert F.linear(x, w)._ctx.fn is Linear
+        assert F.linear(x, w).grad_fn.fn is Linear
         with fast.enabled():
-            assert F.linear(x, w)._ctx.fn is not Linear
+            assert F.linear(x, w).grad_fn.fn is not Linear
         assert not fast.is_enabled()
     assert fast.is_enabled() == before
 
@@ -422,7 +425,7 @@ def test_environment_variable_turns_the_fast_tier_off_at_import():
     code = ("import tinymlp, tinymlp.functional as F, numpy as np;"
             "from tinymlp.ops.linear import Linear;"
             "x = tinymlp.tensor(np.ones((2, 3)), requires_grad=True);"
-            "print(tinymlp.fast.is_enabled(), F.linear(x, x.T)._ctx.fn is Linear)")
+            "print(tinymlp.fast.is_enabled(), F.linear(x, x.T).grad_fn.fn is Linear)")
     for value, expected in (("0", "False True"), ("1", "True False")):
         env = {**os.environ, "TINYMLP_FAST": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -560,7 +563,7 @@ def test_compiled_split_sgu_keeps_z_and_the_product_and_copies_nothing(residual)
     a = Tensor(laid_out(rng, (B, S, e), "C"), requires_grad=True) if residual else None
     assert fast.implementation(SpatialGating) is CompiledSpatialGating
     out = F.spatial_gating(z, *params, gate_residual=a)
-    big = [x for x in out._ctx.saved_tensors if x is not None and x.size >= B * S * e]
+    big = [x for x in out.grad_fn.saved_tensors if x is not None and x.size >= B * S * e]
     assert len(big) == 2
     assert big[0].shape == (S, B, 2 * e) and np.shares_memory(big[0], z.data)      # z, token-major
     assert big[1].shape == (S, B, e) and not np.shares_memory(big[1], z.data)      # W x_hat, or F

@@ -1,6 +1,6 @@
 """A derivative handed over: the fast GELU offers its dy/dx (``ctx.elementwise_derivative``), the
 compiled spatial gating unit multiplies it into the passes that write dL/dz, and GELU's own
-backward pass drops out of the graph (tinymlp/handover.py).
+backward pass drops out of the graph (tinymlp/fast/engine.py).
 
 Expected gradients come from the reference tier (``fast.disabled()``, float64: the formulas of
 ops/) and from finite differences (``gradcheck``) of the fast tier itself.

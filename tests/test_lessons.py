@@ -687,7 +687,7 @@ def test_wordpiece_check_passes_the_answer_and_shows_the_first_word_that_differs
     cuts = []
     for vocab, words in wordpiece_cases(Case(0)):
         tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab))
-        cuts += [(w, tok._cut(w)) for w in words]
+        cuts += [(w, tok.cut_word(w)) for w in words]
     assert any(len(w) > 1 and cut == ["[UNK]"] for w, cut in cuts)
     assert any(len(w) == 1 and cut == [w] for w, cut in cuts)
     assert any(len(w) == 1 and cut == ["[UNK]"] for w, cut in cuts)

@@ -240,7 +240,7 @@ def test_step_builds_no_graph_and_leaves_grads_alone(make):
     datas = [p.data for p in ps]
     make(ps).step()
     for p, g, c, d in zip(ps, grads, copies, datas):
-        assert p._ctx is None and p.is_leaf and p.requires_grad
+        assert p.grad_fn is None and p.is_leaf and p.requires_grad
         assert p.grad is g and np.array_equal(g, c)
         assert p.data is d  # updated in place
         assert p.data.dtype == np.float32

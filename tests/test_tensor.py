@@ -48,7 +48,7 @@ def test_comparisons_return_boolean_tensors_outside_the_graph(device):
     for got, want in cases:
         assert isinstance(got, Tensor)
         assert got.dtype == np.bool_
-        assert not got.requires_grad and got._ctx is None
+        assert not got.requires_grad and got.grad_fn is None
         np.testing.assert_array_equal(got.numpy(), want)
 
 

@@ -21,9 +21,11 @@ import numpy as np
 from numpy.exceptions import AxisError
 
 __all__ = [
+    "ACCEPTED",
     "DEFAULT_FLOAT",
     "CudaUnavailableError",
     "array_module",
+    "as_array",
     "check_axes",
     "cuda_available",
     "cuda_status",
@@ -306,6 +308,69 @@ def device_constant(xp, key, make):
     while len(_device_constants) > MAX_DEVICE_CONSTANTS:
         del _device_constants[next(iter(_device_constants))]
     return value
+
+
+# ------------------------------------------------------------------------ arrays from user data
+ACCEPTED = ("tinymlp tensors hold real numbers: give a number, a (nested, rectangular) list of numbers, "
+            "or a NumPy/CuPy array of bool, integer or float dtype")
+
+
+def as_array(data, dtype, device, what="tensor()"):
+    """``data`` (an array, a nested list, a number) as an array of ``dtype`` on ``device``: float
+    data becomes ``DEFAULT_FLOAT`` unless ``dtype`` says otherwise, integers and booleans keep
+    their type; copied only when it must change device or dtype. Anything that is not real
+    numbers is refused with a sentence that starts with ``what``."""
+    xp = module_for_device(device)
+    probe = _probe(data, what)
+    if dtype is not None:
+        _check_kind(dtype, "the dtype asked for", what)
+    if probe.dtype.kind not in "biuf":
+        _check_kind(probe.dtype, "the data", what)
+    if probe is not data:
+        data = probe  # converted once: no second pass over a long list
+    if dtype is None:
+        if probe.dtype == np.bool_ or np.issubdtype(probe.dtype, np.integer):
+            dtype = probe.dtype
+        else:
+            dtype = DEFAULT_FLOAT  # float32 unless asked otherwise, whatever the input's float type
+    if hasattr(data, "shape"):  # an array (or array scalar): move it if it lives elsewhere
+        data = to_device(data, device)
+    return xp.asarray(data, dtype=dtype)
+
+
+def _probe(data, what):
+    """``data`` as an array, or a TypeError/ValueError that says what tinymlp accepts."""
+    if data is None:
+        raise TypeError(f"{what}: cannot make a tensor from None; {ACCEPTED}")
+    try:
+        probe = data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
+    except ValueError:  # NumPy 2 refuses ragged nested lists ("inhomogeneous shape")
+        raise ValueError(f"{what}: the nested lists are ragged (rows of different lengths); {ACCEPTED}") from None
+    except OverflowError:
+        probe = np.asarray(data, dtype=object)
+    if probe.dtype == object and _big_int(probe):
+        raise OverflowError(f"{what}: the integer {_big_int(probe)} does not fit int64, the widest integer dtype; "
+                            "give it as a float (tinymlp.tensor(float(n)) or dtype='float64') if an "
+                            "approximation will do")
+    return probe
+
+
+def _big_int(objects):
+    """The first Python int in an object array that int64 cannot hold (None when there is none)."""
+    for v in objects.ravel():
+        if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
+            return v
+    return None
+
+
+def _check_kind(dtype, what, caller):
+    """Refuse dtypes that are not bool, integer or float (complex, strings, objects, dates)."""
+    kind = np.dtype(dtype).kind
+    if kind not in "biuf":
+        name = {"c": "complex", "U": "string", "S": "bytes",
+                "O": "Python objects (dtype object: None, a dict or mixed types inside)",
+                "M": "datetime", "m": "timedelta", "V": "structured"}.get(kind, str(np.dtype(dtype)))
+        raise TypeError(f"{caller}: {what} is {name} ({np.dtype(dtype)}); {ACCEPTED}")
 
 
 def is_float_dtype(dtype) -> bool:

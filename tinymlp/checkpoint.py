@@ -332,10 +332,10 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
         return CheckpointMismatchError(type(model).__name__, missing, unexpected, mismatched, source="checkpoint",
                                        where=f"{path} (saved from {header.get('model')}): ", invalid=invalid)
 
-    prepared, _ = model._prepare_state(state, error=mismatch)
+    prepared, _ = model.prepare_state(state, error=mismatch)
     if optimizer is not None:
         try:
-            optimizer._check_state_dict(optim_state)
+            optimizer.check_state_dict(optim_state)
         except (TypeError, ValueError, KeyError) as err:
             raise CheckpointError(
                 f"{path}: the optimizer state (saved from {header.get('optim_class')}) does not fit "
@@ -343,13 +343,13 @@ def load(path, model, optimizer=None, scheduler=None) -> dict:
             ) from None
     if scheduler is not None:
         try:
-            scheduler._check_state_dict(sched_state)
+            scheduler.check_state_dict(sched_state)
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"{path}: the schedule state does not fit this {type(scheduler).__name__}: "
                                   f"{err}") from None
     generators = _check_generators(header.get("generators", {}), model, path)
     # everything checked: from here on nothing can fail half-way
-    model._assign_state(prepared)
+    model.assign_state(prepared)
     if optimizer is not None:
         optimizer.load_state_dict(optim_state)
     if scheduler is not None:

@@ -1,8 +1,9 @@
 """The Function contract, checked: each mistake refused where it is made, naming the op.
 
-``Function.apply`` calls ``check_inputs`` before forward runs; ``backward()`` passes what each
-``Function.backward`` returned through ``gradients``. Both raise errors that say which op,
-which input and what to do, instead of a NumPy error (or a silently wrong gradient) later:
+``Function.apply`` calls ``check_inputs`` before forward runs; ``backward()`` starts from
+``first_gradient`` and passes what each ``Function.backward`` returned through ``gradients``.
+They raise errors that say which op, which input and what to do, instead of a NumPy error (or a
+silently wrong gradient) later:
 
 - a Tensor passed by keyword (it would get no gradient), inputs on different devices, an input
   that requires grad meeting a wider float (``MixedPrecisionError``);
@@ -17,10 +18,11 @@ import sys
 
 import numpy as np
 
-from .backend import device_of
+from .backend import array_module, device_of
 from .tensor import Tensor
 
-__all__ = ["GradientMismatchError", "MixedPrecisionError", "check_inputs", "gradients", "input_name"]
+__all__ = ["GradientMismatchError", "MixedPrecisionError", "check_inputs", "first_gradient", "gradients",
+           "input_name"]
 
 
 class GradientMismatchError(RuntimeError):
@@ -131,3 +133,19 @@ def gradients(node, returned) -> tuple:
         if g.dtype != node.input_dtypes[i]:
             raise GradientMismatchError(name, i, "dtype", str(g.dtype), str(node.input_dtypes[i]))
     return grads + (None,) * (n - len(grads))
+
+
+def first_gradient(root, grad):
+    """dL/d(root), where ``backward()`` starts: ``grad``, checked against root, or 1 for a scalar root."""
+    if not root.requires_grad:
+        raise RuntimeError("backward() on a tensor that does not require grad (built under no_grad, or from constants)")
+    xp = array_module(root.array)
+    if grad is None:
+        if root.size != 1:
+            raise RuntimeError(f"backward() without a gradient needs a scalar output, got shape {root.shape}; "
+                               "pass backward(grad) with an array of that shape")
+        return xp.ones_like(root.array)
+    grad = xp.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=root.dtype)
+    if grad.shape != root.shape:
+        raise RuntimeError(f"backward(): gradient of shape {grad.shape} for an output of shape {root.shape}")
+    return grad

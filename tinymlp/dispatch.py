@@ -6,7 +6,7 @@ for speed. The reference never imports the fast tier. Instead the fast tier, whe
 imported, fills this table, and the reference looks its operation up here at the moment it
 runs:
 
-    (reference, device)  ->  implementation                      device: "cpu" or "cuda"
+    (reference, device)  ->  implementation              device: "cpu", "cuda" (or "any")
 
 - a reference ``Function`` class (``LayerNorm``) maps to a subclass with the same
   forward/backward contract; ``Function.apply`` (tinymlp/autograd.py) runs it instead of the
@@ -14,7 +14,9 @@ runs:
 - ``OPTIMIZER_STEP`` maps to ``fn(optimizer)``, ``optimizer.step()`` over all parameters at
   once (``Optimizer.step`` in tinymlp/optim.py looks it up);
 - ``CLIP_GRAD_NORM`` maps to ``fn(grads, max_norm, sync)``, which returns the norm as
-  ``optim.clip_grad_norm`` does, or None where it does not apply (the caller's code then runs).
+  ``optim.clip_grad_norm`` does, or None where it does not apply (the caller's code then runs);
+- ``ENGINE`` maps, for ``"any"`` device, to an ``autograd.Engine`` (a subclass that overrides
+  some of its steps): ``Function.apply`` and ``backward()`` run it instead of the reference engine.
 
 The switch: ``set_enabled(False)`` (or ``TINYMLP_FAST=0`` in the environment, read at import)
 makes every lookup answer "none", so the whole library runs the reference tier.
@@ -26,11 +28,12 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["CLIP_GRAD_NORM", "OPTIMIZER_STEP", "implementation", "implementation_for", "is_enabled", "lookup",
+__all__ = ["CLIP_GRAD_NORM", "ENGINE", "OPTIMIZER_STEP", "implementation", "implementation_for", "is_enabled", "lookup",
            "register", "registered", "set_enabled"]
 
 OPTIMIZER_STEP = "optimizer step"
 CLIP_GRAD_NORM = "clip_grad_norm"
+ENGINE = "autograd engine"
 
 _table = {}
 _enabled = os.environ.get("TINYMLP_FAST", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -39,8 +42,8 @@ _enabled = os.environ.get("TINYMLP_FAST", "1").strip().lower() not in ("0", "fal
 def register(reference, device, implementation) -> None:
     """Make ``implementation`` the fast version of ``reference`` on ``device``. A class learns its
     reference as ``implementation.reference`` (error messages and plots name the reference)."""
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"register: device must be 'cpu' or 'cuda', got {device!r}")
+    if device not in ("cpu", "cuda", "any"):
+        raise ValueError(f"register: device must be 'cpu', 'cuda' or 'any', got {device!r}")
     _table[(reference, device)] = implementation
     if isinstance(implementation, type):
         implementation.reference = reference

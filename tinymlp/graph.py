@@ -9,7 +9,7 @@ Nodes are of two kinds:
 - a *leaf*: a tensor that no recorded op made (a parameter, an input with
   ``requires_grad=True``); it has no parents.
 
-A tensor made by an op points at its op node (``tensor._ctx``); ``node_of`` gives the node
+A tensor made by an op points at its op node (``tensor.grad_fn``); ``node_of`` gives the node
 behind any tensor.
 
 ``nodes(*tensors)`` lists every node behind the tensors once, each one after all of its parents:
@@ -26,12 +26,12 @@ points at ``FREED``, so a second backward through it fails with a clear message.
 
 from __future__ import annotations
 
-__all__ = ["FREED", "free", "node_of", "nodes", "ops", "parents"]
+__all__ = ["FREED", "check_not_freed", "free", "node_of", "nodes", "ops", "parents"]
 
 
 def node_of(tensor):
     """The graph node behind ``tensor``: the Context that made it, or the tensor itself for a leaf."""
-    return tensor if tensor._ctx is None else tensor._ctx
+    return tensor if tensor.grad_fn is None else tensor.grad_fn
 
 
 def parents(node) -> tuple:
@@ -85,4 +85,11 @@ def free(ctx):
     vars(ctx).clear()
     ctx.fn, ctx.parents, ctx.saved_tensors = None, (), ()
     if out is not None:
-        out._ctx = FREED
+        out.grad_fn = FREED
+
+
+def check_not_freed(node):
+    """Refuse to run backward through a node an earlier ``backward()`` freed."""
+    if node.fn is None:
+        raise RuntimeError("the graph behind this tensor was freed by an earlier backward(); "
+                           "call backward(retain_graph=True) the first time to backpropagate twice")

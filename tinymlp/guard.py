@@ -76,16 +76,16 @@ class Saved:
 
 def storage_of(t: Tensor) -> Storage:
     """The guard's record of ``t``'s memory, made on first use."""
-    if t._storage is None:
-        t._storage = Storage()
-    return t._storage
+    if t.storage is None:
+        t.storage = Storage()
+    return t.storage
 
 
 def mark_written(t: Tensor) -> None:
     """Record a write into ``t``'s memory made through tinymlp (an in-place operator, an
     optimizer step): a backward that needs the old values will refuse to run."""
-    if t._storage is not None:
-        t._storage.version += 1
+    if t.storage is not None:
+        t.storage.version += 1
 
 
 def before_raw_access(storage: Storage) -> None:
@@ -125,16 +125,15 @@ def _checksum(arr) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
 
 
-def share_views(result, args, arrays) -> None:
+def share_views(result, out, args, arrays) -> None:
     """An output that is a view of an input (a reshape, a slice) shares its input's storage:
-    a write into one is a write into the other."""
-    out = result._array
+    a write into one is a write into the other (``out``: the result's array)."""
     owner = getattr(out, "base", None)         # NumPy and CuPy point a view's base at the owner
     if owner is None:                          # owns its memory: a new array
         return
     for a, arr in zip(args, arrays):
         if isinstance(a, Tensor) and (arr is owner or getattr(arr, "base", None) is owner) and _shares(out, arr):
-            result._storage = storage_of(a)
+            result.storage = storage_of(a)
             return
 
 
@@ -186,7 +185,7 @@ def _overlaps(arr, saved):
 
 def _save(ctx, index, t, arr):
     """The ``Saved`` record of input ``index`` (tensor ``t``, array ``arr``), listed on t's storage."""
-    storage = t._storage if t._storage is not None else storage_of(t)
+    storage = t.storage if t.storage is not None else storage_of(t)
     if len(storage.saves) > 8:                     # graphs dropped without backward
         storage.saves = [s for s in storage.saves if s.pending()]
     saved_input = Saved(index, arr, storage, t.name, ctx)

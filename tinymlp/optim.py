@@ -264,7 +264,7 @@ class Optimizer:
             index += n
         return {"state": state, "param_groups": groups}
 
-    def _check_state_dict(self, state_dict):
+    def check_state_dict(self, state_dict):
         """Raise a ValueError listing what does not fit; return ``{index: (group, i)}``.
 
         Checked as the constructor checks its arguments: the structure, every saved
@@ -341,7 +341,7 @@ class Optimizer:
 
     def load_state_dict(self, state_dict):
         """Restore hyperparameters and state saved by ``state_dict()`` (nothing changes on error)."""
-        where = self._check_state_dict(state_dict)
+        where = self.check_state_dict(state_dict)
         for saved, group in zip(state_dict["param_groups"], self.param_groups):
             for k, v in saved.items():
                 if k != "params":
@@ -505,7 +505,7 @@ class LRSchedule:
                 f"got warmup_steps={warmup_steps}, total_steps={total_steps}"
             )
 
-    def _check_state_dict(self, state):
+    def check_state_dict(self, state):
         """A ValueError (or TypeError) naming what is wrong with ``state``, checked as the
         constructor checks its arguments: nothing is changed until it passes."""
         name = f"{type(self).__name__}.load_state_dict"
@@ -528,7 +528,7 @@ class LRSchedule:
 
     def load_state_dict(self, state):
         """Restore ``state_dict()``'s values (checked first: nothing changes on error)."""
-        self._check_state_dict(state)
+        self.check_state_dict(state)
         self.step_count = int(state["step_count"])
         self.base_lrs = [float(b) for b in state["base_lrs"]]
         self.warmup_steps, self.total_steps = int(state["warmup_steps"]), int(state["total_steps"])

@@ -378,7 +378,7 @@ def _graph_of(tensor):
     shape is read from the tensor itself (the root) or from a consumer's ``input_shapes``."""
     if not isinstance(tensor, Tensor):
         raise TypeError(f"graph: expected a Tensor, got {type(tensor).__name__}")
-    ctx = tensor._ctx
+    ctx = tensor.grad_fn
     if ctx is not None and getattr(ctx, "fn", True) is None:
         raise ValueError("graph: the graph behind this tensor was freed by backward(); call "
                          "backward(retain_graph=True) to draw it after backward, or draw it before")
@@ -406,14 +406,14 @@ def _graph_of(tensor):
             nodes[id(node)] = {"id": id(node), "kind": "leaf" if node is not tensor or node.requires_grad else "output",
                                "lines": describe_leaf(node, "leaf")}
         else:
-            shape = tensor.shape if node is tensor._ctx else out_shapes.get(id(node))
+            shape = tensor.shape if node is tensor.grad_fn else out_shapes.get(id(node))
             name = _function_name(node.fn)
             nodes[id(node)] = {"id": id(node), "kind": "op",
                                "lines": [name, _shape(shape) if shape is not None else "?"]}
-    if tensor._ctx is not None:                    # the tensor itself, as an oval after its op
+    if tensor.grad_fn is not None:                    # the tensor itself, as an oval after its op
         out_id = ("output", id(tensor))
         nodes[out_id] = {"id": out_id, "kind": "output", "lines": describe_leaf(tensor, "output")}
-        edges.append((id(tensor._ctx), out_id))
+        edges.append((id(tensor.grad_fn), out_id))
     return list(nodes.values()), list(dict.fromkeys(edges))
 
 

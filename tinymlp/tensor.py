@@ -1,7 +1,7 @@
 """``Tensor``: an array (NumPy or CuPy) plus what autograd needs to differentiate through it.
 
 A Tensor holds ``.data`` (the array), ``.grad`` (an array of the same shape and device once a
-backward pass has reached it, else None), ``.requires_grad``, and ``_ctx``: the graph node of
+backward pass has reached it, else None), ``.requires_grad``, and ``grad_fn``: the graph node of
 the op that produced it (None for leaves and for results computed without a graph).
 
 Operators and methods follow NumPy's names and conventions (``x.sum(axis=1, keepdims=True)``,
@@ -14,35 +14,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import DEFAULT_FLOAT, array_module, check_axes, device_of, is_float_dtype, module_for_device, to_device
+from .backend import DEFAULT_FLOAT, array_module, as_array, check_axes, device_of, is_float_dtype, to_device
 
 __all__ = ["Tensor", "tensor"]
 
 
-ACCEPTED = ("tinymlp tensors hold real numbers: give a number, a (nested, rectangular) list of numbers, "
-            "or a NumPy/CuPy array of bool, integer or float dtype")
-
-
-def _probe(data):
-    """``data`` as an array, or a TypeError/ValueError that says what tinymlp accepts."""
-    if data is None:
-        raise TypeError(f"tensor(): cannot make a tensor from None; {ACCEPTED}")
-    if isinstance(data, (list, tuple)) and _holds_graph_tensor(data):
+def _as_array(data, dtype, device):
+    """Turn ``data`` (array, list, scalar, Tensor) into an array of ``dtype`` on ``device``."""
+    if isinstance(data, Tensor):
+        data = data.data
+    elif isinstance(data, (list, tuple)) and _holds_graph_tensor(data):
         raise TypeError("tensor(): the list holds tensors that require grad, and a new tensor would cut them "
                         "off the graph (no gradient would reach them); to keep the gradient use "
                         "tinymlp.stack([...]) or tinymlp.concatenate([...]); for constants, the tensors' "
                         ".detach() first")
-    try:
-        probe = data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
-    except ValueError:  # NumPy 2 refuses ragged nested lists ("inhomogeneous shape")
-        raise ValueError(f"tensor(): the nested lists are ragged (rows of different lengths); {ACCEPTED}") from None
-    except OverflowError:
-        probe = np.asarray(data, dtype=object)
-    if probe.dtype == object and _big_int(probe):
-        raise OverflowError(f"tensor(): the integer {_big_int(probe)} does not fit int64, the widest integer dtype; "
-                            "give it as a float (tinymlp.tensor(float(n)) or dtype='float64') if an "
-                            "approximation will do")
-    return probe
+    return as_array(data, dtype, device, "tensor()")
 
 
 def _holds_graph_tensor(data, depth=0) -> bool:
@@ -55,85 +41,46 @@ def _holds_graph_tensor(data, depth=0) -> bool:
     return False
 
 
-def _big_int(objects):
-    """The first Python int in an object array that int64 cannot hold (None when there is none)."""
-    for v in objects.ravel():
-        if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
-            return v
-    return None
-
-
-def _check_kind(dtype, what):
-    """Refuse dtypes that are not bool, integer or float (complex, strings, objects, dates)."""
-    kind = np.dtype(dtype).kind
-    if kind not in "biuf":
-        name = {"c": "complex", "U": "string", "S": "bytes",
-                "O": "Python objects (dtype object: None, a dict or mixed types inside)",
-                "M": "datetime", "m": "timedelta", "V": "structured"}.get(kind, str(np.dtype(dtype)))
-        raise TypeError(f"tensor(): {what} is {name} ({np.dtype(dtype)}); {ACCEPTED}")
-
-
-def _as_array(data, dtype, device):
-    """Turn ``data`` (array, list, scalar, Tensor) into an array of ``dtype`` on ``device``."""
-    if isinstance(data, Tensor):
-        data = data.data
-    xp = module_for_device(device)
-    probe = _probe(data)
-    if dtype is not None:
-        _check_kind(dtype, "the dtype asked for")
-    if probe.dtype.kind not in "biuf":
-        _check_kind(probe.dtype, "the data")
-    if probe is not data:
-        data = probe  # converted once: no second pass over a long list
-    if dtype is None:
-        if probe.dtype == np.bool_ or np.issubdtype(probe.dtype, np.integer):
-            dtype = probe.dtype
-        else:
-            dtype = DEFAULT_FLOAT  # float32 unless asked otherwise, whatever the input's float type
-    if hasattr(data, "shape"):  # an array (or array scalar): move it if it lives elsewhere
-        data = to_device(data, device)
-    return xp.asarray(data, dtype=dtype)
-
-
 class Tensor:
-    """An n-dimensional array that can record the operations applied to it."""
+    """An n-dimensional array that can record the operations applied to it.
 
-    __slots__ = ("_array", "_pending", "grad", "requires_grad", "_ctx", "name", "_storage", "__weakref__")
+    Attributes: ``data`` (the array), ``grad``, ``requires_grad``, ``name`` (shown in error
+    messages), ``grad_fn`` (the graph node of the op that made it, None for a leaf) and
+    ``storage`` (the in-place guard's record of its memory, shared with its views: tinymlp.guard).
+    """
+
+    __slots__ = ("_data", "grad", "requires_grad", "grad_fn", "name", "storage", "__weakref__")
     __array_priority__ = 1000  # so that ndarray (op) Tensor defers to Tensor's reflected operator
 
     def __init__(self, data, requires_grad=False, device=None, dtype=None):
         if device is None:
             device = device_of(data.data if isinstance(data, Tensor) else data)
         self._data = _as_array(data, dtype, device)
-        self._storage = None
+        self.storage = None
         self.grad = None
-        self._ctx = None
+        self.grad_fn = None
         self.name = None
         self.requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
 
     @classmethod
-    def _from_op(cls, data, ctx):
-        """Wrap an op's output array without copying (used by Function.apply)."""
-        if isinstance(data, np.generic):  # NumPy reductions return scalars: keep .data an array
-            data = np.asarray(data)
+    def from_array(cls, array, grad_fn=None):
+        """Wrap an array as it is, without a copy or a check (what ``Function.apply`` does with
+        an op's output; ``grad_fn`` is its graph node, None outside the graph)."""
+        if isinstance(array, np.generic):  # NumPy reductions return scalars: keep .data an array
+            array = np.asarray(array)
         t = object.__new__(cls)
-        t._array, t._pending, t._storage, t.grad, t._ctx, t.name = data, None, None, None, ctx, None
-        t.requires_grad = ctx is not None
+        t._data, t.storage, t.grad, t.grad_fn, t.name = array, None, None, grad_fn, None
+        t.requires_grad = grad_fn is not None
         return t
 
     # ----------------------------------------------------------------- properties
     @property
-    def _data(self):
-        """The array, with any bias left pending by the op that made it added first (``handover.settle``)."""
-        if self._pending is not None:
-            _handover.settle(self)
-        return self._array
-
-    @_data.setter
-    def _data(self, value):
-        self._array, self._pending = value, None
+    def array(self):
+        """The array behind the tensor, for reading (what the engine hands to ``forward``).
+        ``data`` is the same array for a caller that may write into it (see there)."""
+        return self._data
 
     @property
     def data(self):
@@ -147,8 +94,8 @@ class Tensor:
         step), so such a write goes unseen there; write through tinymlp instead (``t[...] = v``
         or ``t -= lr * g`` under ``no_grad``), which both devices check.
         """
-        if self._storage is not None and self._storage.saves:
-            _guard.before_raw_access(self._storage)
+        if self.storage is not None and self.storage.saves:
+            _guard.before_raw_access(self.storage)
         return self._data
 
     @data.setter
@@ -156,35 +103,36 @@ class Tensor:
         """Rebind the array (a graph that saved the old one keeps the old one)."""
         device_of(value)      # refuses a CuPy array off GPU 0, as the constructor does
         self._data = value
-        self._storage = None
+        self.storage = None
 
     @property
     def shape(self):
-        return self._array.shape
+        return self._data.shape
 
     @property
     def dtype(self):
-        return self._array.dtype
+        return self._data.dtype
 
     @property
     def ndim(self):
-        return self._array.ndim
+        return self._data.ndim
 
     @property
     def size(self):
-        return self._array.size
+        return self._data.size
 
     @property
     def device(self) -> str:
-        return device_of(self._array)
+        return device_of(self._data)
 
     @property
     def is_leaf(self) -> bool:
-        return self._ctx is None
+        return self.grad_fn is None
 
     @property
-    def _xp(self):
-        return array_module(self._array)
+    def xp(self):
+        """The array module of the tensor's array: ``numpy`` or ``cupy``."""
+        return array_module(self._data)
 
     def __len__(self):
         return len(self._data)
@@ -226,8 +174,8 @@ class Tensor:
     def detach(self) -> "Tensor":
         """The same data (shared, not copied) outside the graph; a write into either is a
         write into both, and the in-place guard sees it through either."""
-        out = Tensor._from_op(self._data, None)
-        out._storage = _guard.storage_of(self)
+        out = Tensor.from_array(self._data, None)
+        out.storage = _guard.storage_of(self)
         return out
 
     def item(self):
@@ -262,10 +210,10 @@ class Tensor:
             if ufunc.__name__ in _OPERATOR_UFUNCS:
                 return getattr(_ops, _OPERATOR_UFUNCS[ufunc.__name__])(*inputs)
             if ufunc.__name__ in _COMPARISON_UFUNCS:
-                xp = self._xp
+                xp = self.xp
                 arrays = [x._data if isinstance(x, Tensor) else (xp.asarray(x) if hasattr(x, "shape") else x)
                           for x in inputs]
-                return Tensor._from_op(ufunc(*arrays), None)
+                return Tensor.from_array(ufunc(*arrays), None)
         name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
         return _numpy_on_tensors(name, getattr(ufunc, method), inputs, kwargs)
 
@@ -284,7 +232,7 @@ class Tensor:
         if dtype is not None and np.dtype(dtype) != self.dtype:
             out = _ops.astype(out, dtype)
         if device is not None and device_of(out._data) != _parse(device):
-            moved = Tensor._from_op(to_device(out._data, device), None)
+            moved = Tensor.from_array(to_device(out._data, device), None)
             moved.requires_grad = out.requires_grad
             out = moved
         return out
@@ -391,7 +339,7 @@ class Tensor:
         self._check_writable(f"x {symbol} y", other)
         value = self._operand(other)
         try:
-            getattr(self._xp, ufunc)(self._data, value, out=self._data)
+            getattr(self.xp, ufunc)(self._data, value, out=self._data)
         except (TypeError, ValueError) as e:   # a float into an integer tensor, a shape that grows
             shape = getattr(value, "shape", ())
             raise (TypeError if isinstance(e, TypeError) else ValueError)(
@@ -404,7 +352,7 @@ class Tensor:
     def _check_writable(self, what, other):
         if not _grad_mode.is_grad_enabled():
             return
-        if self.requires_grad and self._ctx is None:
+        if self.requires_grad and self.grad_fn is None:
             raise RuntimeError(
                 f"{what} on a leaf tensor that requires grad (a parameter?) would not be recorded by autograd; "
                 "to update it by hand, do it inside `with tinymlp.no_grad():`, as an optimizer does"
@@ -428,8 +376,8 @@ class Tensor:
     def _compare(self, other, op):
         other = other._data if isinstance(other, Tensor) else other
         if hasattr(other, "shape") and type(other).__module__ != type(self._data).__module__:
-            other = self._xp.asarray(other)      # a NumPy array meeting a CuPy tensor: to its device
-        return Tensor._from_op(op(self._data, other), None)
+            other = self.xp.asarray(other)      # a NumPy array meeting a CuPy tensor: to its device
+        return Tensor.from_array(op(self._data, other), None)
 
     def __lt__(self, other):
         return self._compare(other, lambda a, b: a < b)
@@ -506,7 +454,7 @@ class Tensor:
         """Indices of the maxima (an integer tensor outside the graph)."""
         if axis is not None:
             (axis,) = check_axes("argmax", axis, self.shape)
-        return Tensor._from_op(self._data.argmax(axis=axis), None)
+        return Tensor.from_array(self._data.argmax(axis=axis), None)
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -612,7 +560,6 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
 # the autograd engine and writes to the in-place guard, all of which build on the Tensor class
 # defined above.
 from . import autograd as _autograd  # noqa: E402
-from . import handover as _handover  # noqa: E402
 from . import grad_mode as _grad_mode  # noqa: E402
 from . import guard as _guard  # noqa: E402
 from . import ops as _ops  # noqa: E402

@@ -23,9 +23,12 @@
 # micrograd-sized engine of your own, 02.3 (unbroadcast). Each is followed by a `check`.
 #
 # **In tinymlp:** `tinymlp/tensor.py` (the `Tensor` class), `tinymlp/autograd.py` (the
-# `Function` contract, `backward`, `unbroadcast`: under 300 lines, worth reading top to bottom
-# after this lesson), `tinymlp/graph.py` (the topological order `backward` walks),
-# `tinymlp/grad_mode.py` (`no_grad`) and `tinymlp/ops/` (one small `Function` per operation).
+# `Function` contract, `unbroadcast` and the engine: `Engine.apply` and `Engine.backward`, the
+# algorithm alone in about 200 lines, worth reading top to bottom after this lesson),
+# `tinymlp/graph.py` (the topological order `backward` walks), `tinymlp/grad_mode.py`
+# (`no_grad`) and `tinymlp/ops/` (one small `Function` per operation). `tinymlp/fast/engine.py`
+# is the same algorithm with fewer passes over memory, the engine that runs by default: read it
+# after the reference, as you would read an op's fast version after its formula.
 
 # %%
 import sys
@@ -292,7 +295,10 @@ else:
 # `backward()` *adds* into `.grad` (`+=`), it does not overwrite. That is what makes a
 # weight used in several places get the sum of its gradients, and what lets you accumulate
 # the gradients of several small batches before one update. The price: between two training
-# steps you must reset them, with `zero_grad()` on the tensors (or on the optimizer).
+# steps you must reset them, with `zero_grad()` on the tensors (or on the optimizer). In
+# `tinymlp/autograd.py` the sum is one plain line, `leaf.grad = leaf.grad + g`
+# (`Engine.accumulate_leaf`, and `Engine.accumulate` for the nodes inside the graph); the fast
+# engine writes the same sum into the existing array where nothing else holds it.
 #
 # *Predict, then run:* `loss = (wgt * inp).sum()` with `inp = [3, 4]`, and `backward()` three
 # times (a new graph each time). What is `wgt.grad` at the end?

@@ -79,7 +79,7 @@ print(tok.tokenize("The players were playing a funnier film!"))
 #
 # **Exercise 12.3.** Write that cut for one word: `wordpiece(word, vocab)` with `vocab` a set of
 # strings returns the list of pieces, the first one plain and the later ones starting with `##`,
-# or `["[UNK]"]`. `Tokenizer` does it in `_cut` (`tinymlp/data/tokenizer.py`); the check compares your
+# or `["[UNK]"]`. `Tokenizer` does it in `cut_word` (`tinymlp/data/tokenizer.py`); the check compares your
 # function with it on many words, including single characters and a word that must become
 # `[UNK]`, and prints the first word on which the two disagree.
 

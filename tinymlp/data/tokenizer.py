@@ -144,10 +144,12 @@ class Tokenizer:
         (by default they are ordinary text, so that user text can never forge them)."""
         pieces = []
         for word in split_words(text, self.lowercase, special_tokens):
-            pieces.extend(self._cut(word))
+            pieces.extend(self.cut_word(word))
         return pieces
 
-    def _cut(self, word):
+    def cut_word(self, word):
+        """One word's pieces: the longest known piece first, then the rest (WordPiece); [UNK] for a
+        word no sequence of pieces covers."""
         if word in self.ids:
             return [word]
         if len(word) > MAX_WORD:

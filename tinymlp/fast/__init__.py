@@ -19,11 +19,14 @@ through ``cls``, and the numba and CUDA subclasses override just those steps.
 
 Dispatch happens in one place: the table below says which class runs each reference op on
 each device, and importing this package registers it in ``tinymlp.dispatch``, where
-``Function.apply`` (tinymlp/autograd.py) and the optimizers look it up. Switching::
+``Function.apply`` (tinymlp/autograd.py) and the optimizers look it up. The engine itself has a
+fast version too (``engine.py``: the same algorithm with fewer passes over memory), registered
+beside the table for every device. Switching::
 
     TINYMLP_FAST=0 python train.py          # the whole run on the reference tier
     with tinymlp.fast.disabled():           # a block of code on the reference tier
         loss = model(x)
+    with tinymlp.fast.reference_engine():   # the fast ops, the reference engine
     tinymlp.fast.set_enabled(False)         # from here on
     tinymlp.fast.is_enabled()
 
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .. import dispatch
+from .. import autograd, dispatch
 from ..ops.activation import GELU
 from ..ops.attention import Attention, SelfAttention, Softmax
 from ..ops.dropout import Dropout
@@ -58,6 +61,7 @@ from .attention import (CompiledAttention, CompiledSelfAttention, CompiledSoftma
                         CudaSoftmax, FastAttention, FastSelfAttention, FastSoftmax)
 from .dropout import CudaDropout
 from .elementwise import CompiledAdd
+from .engine import ENGINE
 from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating
 from .linear import FastLinear
 from .loss import CudaCrossEntropy
@@ -66,8 +70,8 @@ from .optim import CompiledFlatStep, CudaFlatStep, FlatStep, clip_grad_norm
 from .shape import FastGetItem, FastPatchify
 from .toeplitz import FastToeplitz1d, FastToeplitz2d
 
-__all__ = ["TABLE", "disabled", "enabled", "implementation", "implementations", "is_enabled", "register",
-           "set_enabled"]
+__all__ = ["TABLE", "disabled", "enabled", "implementation", "implementations", "is_enabled", "reference_engine",
+           "register", "set_enabled"]
 
 TABLE = [
     # reference                 NumPy (CPU)          numba (CPU)             CUDA
@@ -94,6 +98,7 @@ parent's code where its kernels do not apply, and while ``compiled.set_enabled(F
 
 
 def _fill():
+    dispatch.register(dispatch.ENGINE, "any", ENGINE)
     for reference, numpy_impl, numba_impl, cuda_impl in TABLE:
         cpu = numba_impl if numba_impl is not None and compiled.available() else numpy_impl
         for device, impl in (("cpu", cpu), ("cuda", cuda_impl)):
@@ -156,6 +161,17 @@ def disabled():
 def enabled():
     """Context manager: the ops applied inside run the fast tier (where one is registered)."""
     return _switched(True)
+
+
+@contextlib.contextmanager
+def reference_engine():
+    """Context manager: the fast ops under the reference engine (tinymlp/autograd.py), to tell
+    a wrong result of the fast engine's savings from one of the fast ops."""
+    dispatch.register(dispatch.ENGINE, "any", autograd.REFERENCE)
+    try:
+        yield
+    finally:
+        dispatch.register(dispatch.ENGINE, "any", ENGINE)
 
 
 _fill()

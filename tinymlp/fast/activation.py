@@ -6,7 +6,7 @@ already owns (``out=``), the cube is ``x*x*x`` (NumPy's ``x**3`` is ~150x slower
 CPU the input is processed in chunks of 64K elements so that the temporaries stay in cache.
 Forward already holds t (or Phi), so it computes dy/dx on the spot and saves it: backward is one
 multiply, into the saved derivative on the last backward. The derivative is also offered to the
-op that reads y (``ctx.elementwise_derivative``, tinymlp/handover.py): the compiled spatial
+op that reads y (``ctx.elementwise_derivative``, tinymlp/fast/engine.py): the compiled spatial
 gating unit multiplies it into its own backward, and GELU's pass drops out of the graph. Under
 ``no_grad`` the derivative is not computed. The output keeps the input's memory order.
 
@@ -29,6 +29,7 @@ from ..backend import array_module
 from ..ops.activation import C0, C1, GELU
 from ..ops.special import erfc
 from . import compiled, cuda
+from .engine import last_backward, take_saved
 from .kernels import activation_cuda, activation_numba
 from .layout import memory_order
 
@@ -51,7 +52,7 @@ class FastGELU(GELU):
 
     @staticmethod
     def backward(ctx, grad):
-        (dydx,) = ctx.pop_saved()
+        (dydx,) = take_saved(ctx)
         if not _owns(ctx):
             return grad * dydx
         return array_module(grad).multiply(grad, dydx, out=dydx)   # dy/dx's last use: its memory is free
@@ -84,7 +85,7 @@ class CompiledGELU(FastGELU):
 
     @staticmethod
     def backward(ctx, grad):
-        (dydx,) = ctx.pop_saved()
+        (dydx,) = take_saved(ctx)
         dx = activation_numba.gelu_backward(grad, dydx, overwrite=_owns(ctx))
         if dx is not None:
             return dx
@@ -107,14 +108,14 @@ class CudaGELU(FastGELU):
 
 def _save_derivative(ctx, dydx):
     """Save dy/dx for backward, and offer it to the op that reads y (``ctx.elementwise_derivative``:
-    that op may multiply it into its own backward, tinymlp/handover.py)."""
+    that op may multiply it into its own backward, tinymlp/fast/engine.py)."""
     ctx.save_for_backward(dydx)
     ctx.elementwise_derivative = dydx
 
 
 def _owns(ctx):
     """Whether backward may write into the saved dy/dx: its last run, and no reader took it."""
-    return not ctx.retain_graph and not getattr(ctx, "derivative_shared", False)
+    return last_backward(ctx) and not getattr(ctx, "derivative_shared", False)
 
 
 def _elementwise(kernel, x, want_derivative):

@@ -33,6 +33,7 @@ import numpy as np
 from ..backend import array_module
 from ..ops.gating import SpatialGating
 from . import compiled, cuda
+from .engine import last_backward, take_saved
 from .kernels import gating_cuda, gating_numba
 from .layout import empty_token_major, token_major_view
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm, backward_rows, row_sum
@@ -104,11 +105,11 @@ class FastSpatialGating(SpatialGating):
 
     @classmethod
     def backward(cls, ctx, g):
-        kt, w_eff, gamma, beta, xhat, rstd, ft = ctx.pop_saved()
+        kt, w_eff, gamma, beta, xhat, rstd, ft = take_saved(ctx)
         need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
         xp = array_module(g)
         variant, e = ctx.variant, ctx.e
-        last = not ctx.retain_graph       # the saved arrays may then serve as buffers
+        last = last_backward(ctx)       # the saved arrays may then serve as buffers
         gt = token_major_view(g)
         S = xhat.shape[0]
 
@@ -220,7 +221,7 @@ class CompiledSpatialGating(FastSpatialGating):
     def backward(cls, ctx, g):
         if not ctx.saves_z:
             return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
-        zt, w_eff, gamma, beta, shift, mean, rstd, f = ctx.pop_saved()
+        zt, w_eff, gamma, beta, shift, mean, rstd, f = take_saved(ctx)
         S, B, e = f.shape
         z2 = zt[..., e:]
         mt = token_major_view(ctx.input_derivative) if ctx.input_derivative is not None else None  # like z
@@ -230,7 +231,7 @@ class CompiledSpatialGating(FastSpatialGating):
             gt = np.ascontiguousarray(gt, dtype=f.dtype)
         dz = empty_token_major(ctx.input_shapes[0], True, np, f.dtype) if need_z else None
         dzt = token_major_view(dz) if need_z else None
-        last = not ctx.retain_graph
+        last = last_backward(ctx)
         done = gating_numba.gate_backward_from_z(gt, f, zt, dzt[..., :e] if need_z else None,
                                                  f if last else None, gamma, shift, beta, mean, rstd,
                                                  raw=ctx.raw, need_n=need_w,   # and N, rebuilt from z2

@@ -30,6 +30,7 @@ import numpy as np
 from ..backend import array_module, device_constant
 from ..ops.linear import Linear, check_shapes
 from . import compiled
+from .engine import take_saved, takes_pending_bias
 from .layout import as_matrix, inverse, same_layout
 
 __all__ = ["FastLinear"]
@@ -44,7 +45,7 @@ class FastLinear(Linear):
         X, order, kind = as_matrix(x)
         d_out = weight.shape[1]
         lead = tuple(x.shape[i] for i in order if i != x.ndim - 1)     # the other axes, in memory order
-        defer = bias is not None and compiled.applies(X, bias)
+        defer = bias is not None and compiled.applies(X, bias) and takes_pending_bias(ctx)
         if defer:                       # added by the next op in its own pass, or on first read
             ctx.pending_bias = bias.copy()      # as it is now (an optimizer step may come first)
         if kind == "rows":
@@ -63,7 +64,7 @@ class FastLinear(Linear):
 
     @staticmethod
     def backward(ctx, grad):
-        X, weight = ctx.pop_saved()
+        X, weight = take_saved(ctx)
         need_x, need_w, need_b = ctx.needs_input_grad
         xp = array_module(grad)
         d_out = weight.shape[1]

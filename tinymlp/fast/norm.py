@@ -21,8 +21,8 @@ do not take the arrays:
 - ``CompiledLayerNorm`` (CPU, numba installed): one compiled pass over the rows each way
   (``kernels/norm_numba.py``); forward writes y only and saves its *input* with the row means
   and 1/std, and backward recomputes x_hat on the fly. At a residual connection (x + f(LN(x)))
-  backward adds dx into the residual path's gradient of x, which the engine offers
-  (``ctx.gradient_so_far``), instead of writing dx for the engine to add: one pass, not two;
+  backward adds dx into the residual path's gradient of x, which the fast engine hands it
+  (``backward_into``, fast/engine.py), instead of writing dx for the engine to add: one pass, not two;
 - ``CudaLayerNorm`` (CUDA): forward and backward each one kernel per row
   (``kernels/norm_cuda.py``).
 
@@ -38,6 +38,7 @@ from ..backend import array_module
 from ..ops.norm import LayerNorm, check_inputs
 from ..ops.norm import normalize as reference_normalize
 from . import compiled, cuda
+from .engine import last_backward, take_saved
 from .kernels import norm_cuda, norm_numba
 from .layout import inverse, memory_order, rows
 
@@ -132,10 +133,10 @@ class FastLayerNorm(LayerNorm):
 
     @classmethod
     def backward(cls, ctx, grad):
-        xhat, rstd, weight = ctx.pop_saved()
+        xhat, rstd, weight = take_saved(ctx)
         need_x, need_w, need_b = ctx.needs_input_grad
         return cls.layer_norm_backward(grad, xhat, rstd, weight, need_dx=need_x, need_dweight=need_w,
-                                       need_dbias=need_b and ctx.has_bias, overwrite_xhat=not ctx.retain_graph)
+                                       need_dbias=need_b and ctx.has_bias, overwrite_xhat=last_backward(ctx))
 
 
 def _compiled_normalize(x, eps):
@@ -177,19 +178,24 @@ class CompiledLayerNorm(FastLayerNorm):
 
     @classmethod
     def backward(cls, ctx, grad):
+        return cls.backward_into(ctx, grad, None)
+
+    @classmethod
+    def backward_into(cls, ctx, grad, into):
+        """``backward``, with dx added into ``into`` (x's gradient so far, which the fast engine
+        hands over where only it holds that array) where the layouts allow: dx is then ``into``."""
         if not ctx.compiled:
             return super().backward(ctx, grad)
-        X, mean, rstd, weight = ctx.pop_saved()
+        X, mean, rstd, weight = take_saved(ctx)
         need_x, need_w, need_b = ctx.needs_input_grad
         order = ctx.order
         G = np.ascontiguousarray(grad.transpose(order)).reshape(X.shape)   # a view when laid out like y
         if G.dtype != X.dtype:
             G = G.astype(X.dtype)
-        so_far = ctx.gradient_so_far(0) if need_x else None          # the residual path's, at a residual
-        into = _rows_like(so_far, order, X)
-        dX, dw, db = backward_rows(G, X, mean, rstd, weight, need_x, out=into, add=into is not None)
-        if into is not None:
-            dx = so_far                                               # dx added into it: the engine's sum done
+        rows_into = _rows_like(into, order, X) if need_x else None
+        dX, dw, db = backward_rows(G, X, mean, rstd, weight, need_x, out=rows_into, add=rows_into is not None)
+        if rows_into is not None:
+            dx = into                                                 # dx added into it: the engine's sum done
         else:
             dx = dX.reshape(tuple(ctx.input_shapes[0][i] for i in order)).transpose(inverse(order)) if need_x else None
         return dx, (dw if need_w else None), (db if need_b and ctx.has_bias else None)

@@ -67,7 +67,7 @@ class FlatGroup:
     @staticmethod
     def uniform(params):
         """Whether the parameters share one dtype and one device (what one flat buffer needs)."""
-        arrays = [p._data for p in params]       # one array type is one device (GPU 0 only)
+        arrays = [p.array for p in params]       # one array type is one device (GPU 0 only)
         kind, dtype = type(arrays[0]), arrays[0].dtype
         return all(type(a) is kind and a.dtype == dtype for a in arrays)
 

@@ -211,8 +211,8 @@ def backward_in_place(run):
     first = {c.name: None if c.tensor.grad is None else host(c.tensor.grad).copy() for c in checked}
     problems = []
     for y, g, u in zip(outputs, given, upstream):
-        if y.requires_grad and not same_bits(g, u) and y._ctx is not None and hasattr(y._ctx, "fn"):
-            name = function_name(y._ctx)
+        if y.requires_grad and not same_bits(g, u) and y.grad_fn is not None and hasattr(y.grad_fn, "fn"):
+            name = function_name(y.grad_fn)
             problems.append(("mutated_upstream",
                              f"{name}.backward changed its incoming gradient in place (g *= ..., g[...] = ...): "
                              "the engine may hand that array to other Functions too; compute the result in a "

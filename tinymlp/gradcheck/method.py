@@ -194,7 +194,7 @@ def numerical_grad(fn, inputs, upstream=None, eps=1e-6, *, dtype="float64", kwar
     live = [t for t in targets if t is not None]
     if not live:
         raise ValueError("numerical_grad: no floating-point Tensor in inputs")
-    ev = Evaluator(fn, args, dict(kwargs or {}), None, live[0]._xp)
+    ev = Evaluator(fn, args, dict(kwargs or {}), None, live[0].xp)
     with no_grad():
         outputs = ev.outputs()
         if upstream is None:

@@ -96,7 +96,7 @@ def collect(fn, inputs, params, wrt, exclude, names, dtype) -> Plan:
     if len({t.device for t in chosen}) > 1:
         where = ", ".join(f"{candidates[k][0]} on {candidates[k][2].device}" for k in selected)
         raise ValueError(f"gradcheck: tensors on different devices ({where}); move them to one device")
-    plan.xp = chosen[0]._xp
+    plan.xp = chosen[0].xp
 
     # Inputs get a fresh float64 leaf; parameters stay the same objects, with swapped data.
     param_ids = {id(p) for p in params.values()}

@@ -48,7 +48,7 @@ def load_table(model, state, table, ignored, what, source_name, convert):
             f"can hold ({'; '.join(parts)}). Variants with extra parts (layer scale, register tokens, "
             "fc_norm, q/k norms, a representation layer, ...) have no tinymlp counterpart."
         )
-    dtypes = {k: t.dtype for k, t in model._state_tensors().items()}
+    dtypes = {k: t.dtype for k, t in model.state_tensors().items()}
     invalid = [(name, why) for ours, theirs, _ in table for name in _names(theirs)
                if (why := value_problem(state[name], dtypes.get(ours, np.float32))) is not None]
     if invalid:

@@ -332,7 +332,8 @@ class Module:
             t.grad = convert(t.grad)
         return self
 
-    def _state_tensors(self) -> "OrderedDict[str, Tensor]":
+    def state_tensors(self) -> "OrderedDict[str, Tensor]":
+        """Dotted name -> the Tensor itself of each parameter and persistent buffer (not a copy)."""
         state = OrderedDict(self.named_parameters())
         for mod_name, module in self.named_modules():
             for name, b in module._buffers.items():
@@ -342,14 +343,14 @@ class Module:
 
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Dotted name -> NumPy *copy* of each parameter and persistent buffer."""
-        return OrderedDict((k, np.array(to_device(t.data, "cpu"), copy=True)) for k, t in self._state_tensors().items())
+        return OrderedDict((k, np.array(to_device(t.data, "cpu"), copy=True)) for k, t in self.state_tensors().items())
 
     def state_mismatches(self, state) -> tuple[list, list, list]:
         """How ``state`` (name -> array or Tensor) differs from this module's state dict, from
         names and shapes alone (nothing is copied): ``(missing, unexpected, mismatched)``, the
         keys only the module has, the keys only ``state`` has, and ``(key, module_shape,
         state_shape)`` for each key whose shapes differ. All three empty: ``state`` fits."""
-        own = self._state_tensors()
+        own = self.state_tensors()
         shapes = {k: tuple(np.shape(_raw(v))) for k, v in state.items()}
         missing = [k for k in own if k not in shapes]
         unexpected = [k for k in shapes if k not in own]
@@ -366,17 +367,19 @@ class Module:
         NaN or infinite values, values that overflow the dtype), and with ``strict=True`` any
         missing or unexpected key, raises a ``StateDictError`` that lists all of them.
         """
-        prepared, result = self._prepare_state(state, strict)
-        self._assign_state(prepared)
+        prepared, result = self.prepare_state(state, strict)
+        self.assign_state(prepared)
         return result
 
-    def _prepare_state(self, state, strict=True, error=None):
-        """``({key: value ready to copy}, LoadResult)``, or the StateDictError (built by ``error``,
-        e.g. a checkpoint's subclass, from ``(missing, unexpected, mismatched, invalid)``)."""
+    def prepare_state(self, state, strict=True, error=None):
+        """The first half of ``load_state_dict``, which changes nothing (a caller loading several
+        objects all or nothing checks each first): ``({key: value ready to copy}, LoadResult)``, or
+        the StateDictError (built by ``error``, e.g. a checkpoint's subclass, from ``(missing,
+        unexpected, mismatched, invalid)``)."""
         missing, unexpected, mismatched = self.state_mismatches(state)
         wrong = {k for k, _, _ in mismatched}
         prepared, invalid = {}, []
-        for k, t in self._state_tensors().items():
+        for k, t in self.state_tensors().items():
             if k not in state or k in wrong:
                 continue
             why = value_problem(state[k], t.dtype)
@@ -390,8 +393,9 @@ class Module:
             raise error(missing, unexpected, mismatched, invalid)
         return prepared, LoadResult(missing, unexpected)
 
-    def _assign_state(self, prepared):
-        own = self._state_tensors()
+    def assign_state(self, prepared):
+        """The second half of ``load_state_dict``: copy what ``prepare_state`` returned, in place."""
+        own = self.state_tensors()
         for k, value in prepared.items():
             t = own[k]
             t.data[...] = value

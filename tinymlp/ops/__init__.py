@@ -31,7 +31,7 @@ def _constant(value, like: Tensor):
     """A non-Tensor operand as an array on ``like``'s device (and dtype, for float tensors)."""
     if type(value) in (int, float, bool):  # not np.float64, a float subclass that is not weak
         return value  # Python scalars are 'weak' in NumPy 2: they adopt the tensor's dtype
-    xp = like._xp
+    xp = like.xp
     if is_float_dtype(like.dtype):
         return xp.asarray(value, dtype=like.dtype)
     return xp.asarray(value)
@@ -140,7 +140,7 @@ def where(cond, a, b):
     like = a if isinstance(a, Tensor) else b
     if not isinstance(like, Tensor):
         raise TypeError("where(cond, a, b) needs a or b to be a Tensor")
-    cond = cond.data if isinstance(cond, Tensor) else like._xp.asarray(cond)
+    cond = cond.data if isinstance(cond, Tensor) else like.xp.asarray(cond)
     a = a if isinstance(a, Tensor) else _constant(a, like)
     b = b if isinstance(b, Tensor) else _constant(b, like)
     return Where.apply(cond, a, b)

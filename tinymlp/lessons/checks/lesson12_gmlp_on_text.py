@@ -134,8 +134,8 @@ def wordpiece_hint(got, want):
 
 
 @exercise("12.3", "WordPiece's greedy longest-match cut", answer="wordpiece",
-          reference="tinymlp/data/tokenizer.py (Tokenizer._cut)",
-          forbidden=("tinymlp.data.tokenizer.Tokenizer._cut", "tinymlp.data.tokenizer.Tokenizer.encode",
+          reference="tinymlp/data/tokenizer.py (Tokenizer.cut_word)",
+          forbidden=("tinymlp.data.tokenizer.Tokenizer.cut_word", "tinymlp.data.tokenizer.Tokenizer.encode",
                      "tinymlp.data.tokenizer.Tokenizer.tokenize"))
 def wordpiece_cut(wordpiece, case):
     from ...data.tokenizer import SPECIAL_TOKENS, Tokenizer
@@ -143,7 +143,7 @@ def wordpiece_cut(wordpiece, case):
     for vocab, words in wordpiece_cases(case):
         tok = Tokenizer(list(SPECIAL_TOKENS) + sorted(vocab - set(SPECIAL_TOKENS)))
         for word in words:
-            want = tok._cut(word)
+            want = tok.cut_word(word)
             got = wordpiece(word, set(vocab))
             if isinstance(got, (tuple, list)) and all(type(p) is str for p in got):
                 got = [str(p) for p in got]       # a plain list: no object that compares equal to anything
