@@ -342,7 +342,7 @@ class DeviceArray(NDArrayOperatorsMixin):
     def __getitem__(self, key):
         _count_mask_read(key)
         key = _unwrap(key, "indexing", allow_host=True)
-        result = _device_op("getitem", lambda a, k: a[k], (self._a, key), {}, (self._a,))
+        result = _device_op("getitem", _getitem, (self._a, key), {}, (self._a,))
         if isinstance(result, np.ndarray) and result.size and not np.shares_memory(result, self._a):
             OPS.record("gather")                             # advanced indexing copies
         return _wrap(result)
@@ -381,6 +381,14 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __reduce__(self):
         raise TypeError("a device array cannot be pickled without a host read")
+
+
+def _getitem(a, key):
+    """``a[key]``; an element is a 0-d view, as CuPy gives (NumPy would give a host scalar)."""
+    result = a[key]
+    if isinstance(result, np.generic):
+        result = a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+    return result
 
 
 def _setitem(a, key, value):
