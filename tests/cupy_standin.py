@@ -19,13 +19,22 @@ arrays behave as CuPy's do where it matters:
   compiled, like a CuPy without the CUDA headers, so the fast tier's kernels fall back to its
   array code (with one warning);
 - for the fast tier's own kernels, NumPy emulations (``emulate``) stand in for the two places
-  where ``fast/cuda.py`` compiles them (``cuda.kernel``, ``cuda.elementwise``): each reads and
-  writes memory as its CUDA code does, so that every launch path of the fast tier (the layouts,
-  strides and buffers the Python side hands the kernels) runs without a GPU.
+  where ``fast/cuda.py`` compiles them (``cuda.compile_kernel``, ``cuda.elementwise``), behind
+  the fast tier's own launchers (whose argument checks run): a raw kernel's arguments are read
+  as a GPU reads them (``standin_memory.py``: a pointer at unit stride from the array's first
+  element, a host array refused or taken as an address, a scalar read as the type the kernel
+  declares, an address in a pointer table resolved to its allocation), so that every launch
+  path of the fast tier (the layouts, strides, dtypes and buffers the Python side hands the
+  kernels) runs without a GPU and a wrong one computes what the GPU would;
+- stream capture and CUDA graphs (``standin_capture.py``): ``cuda.Stream.begin_capture`` /
+  ``end_capture``, ``Graph.launch``, private memory pools, and CuPy 14's refusals during
+  capture; the libcublas that ``fast/cublas.py`` binds (``standin_cublas.py``).
 
-What it cannot see: timings; the maths of the CUDA kernels (``tests/test_cuda.py`` checks them
-on a GPU); CuPy-internal synchronisations other than those modelled above (allocator pressure,
-``cupy.unique``, cuRAND setup, ...); asynchronous errors; memory use; more than one stream.
+What it cannot see: timings; the maths of the CUDA kernels and of cuBLAS (``tests/test_cuda.py``
+and ``benchmarks/gpu_cublas_check.py`` check them on a GPU); CuPy-internal synchronisations
+other than those modelled above (allocator pressure, ``cupy.unique``, cuRAND setup, ...);
+asynchronous errors (an illegal address is raised at the launch here); memory use; concurrency
+between streams.
 """
 
 from __future__ import annotations
