@@ -6,7 +6,8 @@
 # Logs go to $OUT: doctor.log, pytest.log (the cuda tests), sync.log (no host sync inside a
 # step, CPU/GPU parity), examples.log (the training scripts on synthetic data), step.log
 # (benchmarks/gpu_step.py at batch 128 and 512), profile.log (benchmarks/gpu_profile.py: the
-# kernels a step runs, counted by CUPTI, beside PyTorch eager's). The cuda tests run in the
+# kernels a step runs, counted by CUPTI, beside PyTorch eager's), cublas.log (the capturable
+# products of tinymlp/fast/cublas.py against cupy.matmul, and replayed in a graph). The cuda tests run in the
 # background beside the sync check and the examples; the benchmarks run alone once they are done.
 set -u
 cd "$(dirname "$0")/.."
@@ -35,6 +36,7 @@ step 30 "$OUT/doctor.log" "$PY" -c "import cupy; cupy.show_config()"
 tests=$!
 
 step 120 "$OUT/sync.log" "$PY" benchmarks/gpu_sync_check.py
+step 60 "$OUT/cublas.log" "$PY" benchmarks/gpu_cublas_check.py
 runs=$(mktemp -d)
 step 60 "$OUT/examples.log" "$PY" examples/train_cifar_mixer.py --device cuda --dataset synthetic \
     --epochs 2 --no-progress --out "$runs/mixer"

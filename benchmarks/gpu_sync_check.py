@@ -61,6 +61,10 @@ def step(model, optimizer, x, y):
 
 def sync_check(cp, cupyx):
     failures = []
+    if not hasattr(cupyx, "allow_synchronize"):     # deprecated since CuPy 10; a later CuPy may drop it
+        print("  SKIPPED: this CuPy has no cupyx.allow_synchronize; a step captured into a graph refuses "
+              "every host read instead (tests/test_capture.py shows it on the stand-in)")
+        return failures
     for label, kwargs in MODELS.items():
         model = build(label, kwargs)
         optimizer = AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)

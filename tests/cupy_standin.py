@@ -19,13 +19,22 @@ arrays behave as CuPy's do where it matters:
   compiled, like a CuPy without the CUDA headers, so the fast tier's kernels fall back to its
   array code (with one warning);
 - for the fast tier's own kernels, NumPy emulations (``emulate``) stand in for the two places
-  where ``fast/cuda.py`` compiles them (``cuda.kernel``, ``cuda.elementwise``): each reads and
-  writes memory as its CUDA code does, so that every launch path of the fast tier (the layouts,
-  strides and buffers the Python side hands the kernels) runs without a GPU.
+  where ``fast/cuda.py`` compiles them (``cuda.compile_kernel``, ``cuda.elementwise``), behind
+  the fast tier's own launchers (whose argument checks run): a raw kernel's arguments are read
+  as a GPU reads them (``standin_memory.py``: a pointer at unit stride from the array's first
+  element, a host array refused or taken as an address, a scalar read as the type the kernel
+  declares, an address in a pointer table resolved to its allocation), so that every launch
+  path of the fast tier (the layouts, strides, dtypes and buffers the Python side hands the
+  kernels) runs without a GPU and a wrong one computes what the GPU would;
+- stream capture and CUDA graphs (``standin_capture.py``): ``cuda.Stream.begin_capture`` /
+  ``end_capture``, ``Graph.launch``, private memory pools, and CuPy 14's refusals during
+  capture; the libcublas that ``fast/cublas.py`` binds (``standin_cublas.py``).
 
-What it cannot see: timings; the maths of the CUDA kernels (``tests/test_cuda.py`` checks them
-on a GPU); CuPy-internal synchronisations other than those modelled above (allocator pressure,
-``cupy.unique``, cuRAND setup, ...); asynchronous errors; memory use; more than one stream.
+What it cannot see: timings; the maths of the CUDA kernels and of cuBLAS (``tests/test_cuda.py``
+and ``benchmarks/gpu_cublas_check.py`` check them on a GPU); CuPy-internal synchronisations
+other than those modelled above (allocator pressure, ``cupy.unique``, cuRAND setup, ...);
+asynchronous errors (an illegal address is raised at the launch here); memory use; concurrency
+between streams.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from collections import Counter
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+import standin_capture as _capture
+from standin_memory import CUDARuntimeError, kernel_arguments, memory_at, register, signature, take  # noqa: F401
 from tinymlp import backend
 from tinymlp.fast import cuda
 from tinymlp.fast.kernels import activation_cuda, dropout_cuda, optim_cuda
@@ -55,6 +66,8 @@ class HostReads:
     def record(self, what):
         import traceback
 
+        if _capture.active() is not None:
+            raise RuntimeError(_capture.D2H if self is READS else _capture.H2D)
         if self is READS and not _SYNC_ALLOWED[-1]:
             raise DeviceSynchronized(f"synchronization detected: {what} inside cupyx.allow_synchronize(False)")
         self.count += 1
@@ -182,6 +195,46 @@ def _count_mask_read(key):
             READS.record("boolean mask indexing")
 
 
+def _device_op(name, fn, args, kwargs, sources=(), inplace=False):
+    """Run ``fn(*args, **kwargs)`` (NumPy arrays) as a device operation: now, or, while a stream
+    captures, recorded for the graph (``standin_capture``): an in-place write is left undone, a
+    new result is allocated from the graph's pool and filled with NaN, a view is just a view."""
+    graph = _capture.active()
+    if graph is None:
+        return fn(*args, **kwargs)
+    if name in _capture.CUBLAS_FUNCTIONS:
+        raise NotImplementedError(_capture.CUBLAS)
+    if inplace:
+        graph.record(fn, *args, **kwargs)
+        return kwargs["out"] if "out" in kwargs else args[0] if args else None
+    with np.errstate(all="ignore"):
+        result = fn(*args, **kwargs)
+    arrays = [r for r in (result if isinstance(result, tuple) else (result,)) if isinstance(r, np.ndarray)]
+    new = [r for r in arrays if not any(isinstance(s, np.ndarray) and np.shares_memory(r, s) for s in sources)]
+    if new:
+        _capture.allocated(new)
+        if name not in ("empty", "empty_like"):            # an allocation without a fill runs nothing
+            graph.record(_refill, result, fn, args, kwargs)
+    return result
+
+
+def _refill(result, fn, args, kwargs):
+    values = fn(*args, **kwargs)
+    pairs = zip(*((x if isinstance(x, tuple) else (x,)) for x in (result, values)))
+    for r, v in pairs:
+        if isinstance(r, np.ndarray) and not np.shares_memory(r, v):
+            r[...] = v
+
+
+class MemoryPointer:
+    """``cupy.cuda.MemoryPointer``: ``ptr`` is the address of the array's first element (its
+    allocation noted, so that a kernel reading the address from device memory finds it)."""
+
+    def __init__(self, a):
+        self.ptr = register(a)
+        self.device_id = 0
+
+
 class _Device:
     id = 0
 
@@ -195,7 +248,7 @@ class _Device:
         return False
 
     def synchronize(self):
-        pass
+        _capture.refuse_sync()
 
 
 class DeviceArray(NDArrayOperatorsMixin):
@@ -215,6 +268,22 @@ class DeviceArray(NDArrayOperatorsMixin):
     def get(self, *args, **kwargs):
         READS.record("get()")
         return self._a.copy()
+
+    @property
+    def data(self):
+        return MemoryPointer(self._a)
+
+    def set(self, arr, stream=None):
+        """An upload into this array's memory (``cupy.ndarray.set``: a NumPy array of its dtype and shape)."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.dtype != self.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        UPLOADS.record("set()")
+        OPS.record("upload")
+        self._a[...] = arr
 
     def item(self, *args):
         READS.record("item()")
@@ -244,7 +313,7 @@ class DeviceArray(NDArrayOperatorsMixin):
         out = kwargs.get("out")
         args = _unwrap(inputs, ufunc.__name__)
         kwargs = _unwrap(kwargs, ufunc.__name__)
-        result = getattr(ufunc, method)(*args, **kwargs)
+        result = _device_op(ufunc.__name__, getattr(ufunc, method), args, kwargs, args, inplace=out is not None)
         OPS.record(ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}")
         if out is not None:                                 # in place: the same device arrays back
             return out[0] if len(out) == 1 else out
@@ -252,8 +321,9 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __array_function__(self, func, types_, args, kwargs):
         args, kwargs = _unwrap(args, func.__name__), _unwrap(kwargs, func.__name__)
-        result = func(*args, **kwargs)
-        _count_result(func.__name__, result, [a for a in args if isinstance(a, np.ndarray)] + [self._a])
+        sources = [a for a in args if isinstance(a, np.ndarray)] + [self._a]
+        result = _device_op(func.__name__, func, args, kwargs, sources, inplace="out" in kwargs)
+        _count_result(func.__name__, result, sources)
         return _wrap(result)
 
     # -- the ndarray surface
@@ -280,7 +350,8 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __getitem__(self, key):
         _count_mask_read(key)
-        result = self._a[_unwrap(key, "indexing", allow_host=True)]
+        key = _unwrap(key, "indexing", allow_host=True)
+        result = _device_op("getitem", _getitem, (self._a, key), {}, (self._a,))
         if isinstance(result, np.ndarray) and result.size and not np.shares_memory(result, self._a):
             OPS.record("gather")                             # advanced indexing copies
         return _wrap(result)
@@ -288,7 +359,8 @@ class DeviceArray(NDArrayOperatorsMixin):
     def __setitem__(self, key, value):
         _count_mask_read(key)
         OPS.record("setitem")
-        self._a[_unwrap(key, "indexing", allow_host=True)] = _unwrap(value, "assignment", allow_host=True)
+        _device_op("setitem", _setitem, (self._a, _unwrap(key, "indexing", allow_host=True),
+                                         _unwrap(value, "assignment", allow_host=True)), {}, inplace=True)
 
     def __getattr__(self, name):
         if name.startswith("__"):              # no __array_interface__ and friends: no silent host view
@@ -300,7 +372,8 @@ class DeviceArray(NDArrayOperatorsMixin):
             READS.record("nonzero()")
 
         def method(*args, **kwargs):
-            result = attr(*_unwrap(args, name), **_unwrap(kwargs, name))
+            result = _device_op(name, attr, _unwrap(args, name), _unwrap(kwargs, name), (self._a,),
+                                inplace="out" in kwargs or name in IN_PLACE_METHODS)
             if not (name == "astype" and result is self._a):      # astype(same dtype, copy=False): nothing
                 _count_result(name, result, [self._a])
             return _wrap(result)
@@ -318,6 +391,20 @@ class DeviceArray(NDArrayOperatorsMixin):
     def __reduce__(self):
         raise TypeError("a device array cannot be pickled without a host read")
 
+
+def _getitem(a, key):
+    """``a[key]``; an element is a 0-d view, as CuPy gives (NumPy would give a host scalar)."""
+    result = a[key]
+    if isinstance(result, np.generic):
+        result = a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+    return result
+
+
+def _setitem(a, key, value):
+    a[key] = value
+
+
+IN_PLACE_METHODS = {"fill", "sort", "put", "partition", "setfield", "resize"}
 
 DeviceArray.__module__ = "cupy._standin"   # the engine recognises CuPy arrays by their type's module
 
@@ -346,7 +433,8 @@ class _UFunc:
 
     def __call__(self, *args, **kwargs):
         OPS.record(self.__name__)
-        result = self._u(*_unwrap(args, self.__name__), **_unwrap(kwargs, self.__name__))
+        args, kw = _unwrap(args, self.__name__), _unwrap(kwargs, self.__name__)
+        result = _device_op(self.__name__, self._u, args, kw, args, inplace=kw.get("out") is not None)
         return _wrap(result if kwargs.get("out") is not None else _c_order(result))
 
     def __getattr__(self, name):
@@ -356,7 +444,8 @@ class _UFunc:
 
         def method(*a, **k):
             OPS.record(f"{self.__name__}.{name}")
-            return _wrap(attr(*_unwrap(a, self.__name__), **_unwrap(k, self.__name__)))
+            a, k = _unwrap(a, self.__name__), _unwrap(k, self.__name__)
+            return _wrap(_device_op(name, attr, a, k, a, inplace=name == "at" or "out" in k))
 
         return method
 
@@ -371,6 +460,8 @@ class _Generator:
         attr = getattr(self._g, name)
 
         def draw(*args, **kwargs):
+            if _capture.active() is not None:
+                raise NotImplementedError(_capture.CURAND)
             OPS.record(f"random.{name}")
             return _wrap(np.asarray(attr(*args, **kwargs)))
 
@@ -395,6 +486,14 @@ class DeviceSynchronized(RuntimeError):
     """What ``cupyx.allow_synchronize(False)`` raises at a host read."""
 
 
+def _uploads_a_table(arrays):
+    """Whether CuPy 14's ``concatenate`` of ``arrays`` uploads a table of their addresses (more
+    than 8 arrays of one dtype, under 2 MiB each on average: ``_concatenate_single_kernel``)."""
+    arrays = list(arrays) if isinstance(arrays, (tuple, list)) else []
+    return (len(arrays) > 8 and len({a.dtype for a in arrays}) == 1
+            and sum(a.nbytes for a in arrays) < 2 * 1024 * 1024 * len(arrays))
+
+
 def _sliding_window_view(x, window_shape, axis=None, **kwargs):
     window = np.atleast_1d(window_shape)
     if bool(standin.any(standin.array(window) < 0)):    # as CuPy does: a device check read back
@@ -408,13 +507,16 @@ def _make_module():
     m.__version__ = "stand-in"
     m.ndarray = DeviceArray
     m.cuda = types.SimpleNamespace(
-        Device=_Device,
+        Device=_Device, Stream=_capture.Stream, get_current_stream=_capture.get_current_stream,
+        Graph=_capture.Graph, MemoryPool=_capture.MemoryPool, MemoryPointer=MemoryPointer,
+        using_allocator=_capture.using_allocator, set_allocator=_capture.set_allocator,
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 12080,
                                       driverGetVersion=lambda: 12080,
                                       getDeviceProperties=lambda i: {"name": b"stand-in", "totalGlobalMem": 2**33,
                                                                      "major": 9, "minor": 0}),
         compiler=types.SimpleNamespace(CompileException=CompileException),
     )
+    m.get_default_memory_pool = lambda: _capture.DEFAULT_POOL
     m.random = types.SimpleNamespace(default_rng=_Generator, Generator=_Generator)
     m.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
         as_strided=lambda x, shape=None, strides=None: DeviceArray(
@@ -454,8 +556,14 @@ def _make_module():
                 args = _unwrap(args, name)
             if name in sizes_on_host:
                 READS.record(f"{name}()")
-            result = attr(*args, **_unwrap(kwargs, name, allow_host=name in host_arguments))
-            _count_result(name, result, [a for a in args if isinstance(a, np.ndarray)])
+            if name == "concatenate" and _uploads_a_table(args[0]):
+                UPLOADS.record("concatenate()'s table of addresses")
+            kwargs = _unwrap(kwargs, name, allow_host=name in host_arguments)
+            sources = [a for a in args if isinstance(a, np.ndarray)]
+            sources += [a for a in (args[0] if args and isinstance(args[0], (tuple, list)) else ())
+                        if isinstance(a, np.ndarray)]
+            result = _device_op(name, attr, args, kwargs, sources, inplace="out" in kwargs or name == "copyto")
+            _count_result(name, result, sources)
             return result if name in ("may_share_memory", "shares_memory") else _wrap(result)
 
         function.__name__ = name
@@ -488,13 +596,14 @@ def install(monkeypatch):
     monkeypatch.setattr(cuda, "_kernel_state", {np.dtype(np.float32): "CompileException: stand-in",
                                                 np.dtype(np.float64): "CompileException: stand-in"})
     monkeypatch.setattr(backend, "_device_constants", {})
+    monkeypatch.setattr(optim_cuda, "_tables", {})
     clear_kernel_caches()
     READS.count, READS.where = 0, []
     UPLOADS.count, UPLOADS.where = 0, []
     return standin
 
 
-_KERNEL_CACHES = (cuda.cupy, cuda._module, cuda._function, cuda.elementwise)   # (tests replace some of them)
+_KERNEL_CACHES = (cuda.cupy, cuda._module, cuda._function, cuda._launcher, cuda.elementwise)   # (tests replace some)
 
 
 def clear_kernel_caches():
@@ -513,101 +622,115 @@ def no_host_reads(allowed=0):
 
 
 # ============================================================================ the kernels, emulated
+def _rows(flat, n, d, what, stride=None):
+    """Rows of ``d`` elements, ``n`` of them every ``stride`` (default d) from the start of ``flat``."""
+    stride = d if stride is None else int(stride)
+    if n == 0:
+        return flat[:0].reshape(0, d)
+    take(flat, (n - 1) * stride + d, what)
+    return np.lib.stride_tricks.as_strided(flat, (n, d), (stride * flat.itemsize, flat.itemsize))
+
+
 def emulated_row_kernel(source, name, dtype):
     """The raw kernels of ``fast/kernels/*_cuda.py`` in NumPy, reading and writing memory as the
-    CUDA code does (rows every ``stride`` elements from the start of the array; outputs
-    C-contiguous), so that the layouts the Python side hands them are checked without a GPU.
+    CUDA code does: each argument unpacked as the GPU reads it (``standin_memory``: a pointer is
+    flat memory from the array's first element, read at unit stride; a scalar is read as the type
+    the kernel declares), rows every ``stride`` elements where the kernel takes a stride. So the
+    layouts, dtypes and devices the Python side hands the kernels are checked without a GPU: a
+    non-contiguous array gives the wrong numbers, a host array the GPU's error.
     A kernel launched from a source that does not define it fails, as it would on a GPU."""
-    assert f'extern "C" __global__ void {name}(' in source, f"{name} is not defined in the source it is launched from"
-    LAUNCHED.add(name)
+    signature(source, name)
 
     def run(grid, block, args):
+        LAUNCHED.add(name)
         OPS.record(f"kernel {name}")
-        n = grid[0]
-        if name == "layer_norm_forward":
-            x, stride, w, b, y, xhat, rstd, width, eps, affine = args
-            d, item = int(width), x.itemsize
-            X = np.lib.stride_tricks.as_strided(x._a, (n, d), (int(stride) * item, item))
-            mean = X.mean(axis=1, keepdims=True)
-            with np.errstate(over="ignore"):
-                var = ((X - mean) ** 2).mean(axis=1, keepdims=True)
-            r = 1 / np.sqrt(var + eps)
-            big = ~np.isfinite(var[:, 0])                # the kernel's branch for squares that overflow
-            if big.any():
-                c = X[big] - mean[big]
-                scale = np.abs(c).max(axis=1, keepdims=True)
-                r[big] = 1 / np.hypot(scale * np.sqrt(((c / scale) ** 2).mean(axis=1, keepdims=True)),
-                                      np.sqrt(eps))
-            H = xhat._a.reshape(n, d)                # a view only when xhat is C-contiguous
-            H[...] = (X - mean) * r
-            assert np.shares_memory(H, xhat._a), "the kernel writes xhat as C-contiguous rows"
-            rstd._a.reshape(n)[...] = r[:, 0]
-            if affine:
-                Y = y._a.reshape(n, d)
-                Y[...] = H * w._a + b._a
-                assert np.shares_memory(Y, y._a)
-        elif name == "layer_norm_backward":
-            g, xhat, rstd, w, dx, stride, width = args
-            d, item = int(width), g.itemsize
-            G, H = g._a.reshape(n, d), xhat._a.reshape(n, d)
-            assert g._a.flags.c_contiguous and xhat._a.flags.c_contiguous and rstd._a.flags.c_contiguous
-            gw = G * w._a
-            D = np.lib.stride_tricks.as_strided(dx._a, (n, d), (int(stride) * item, item))
-            D[...] = rstd._a.reshape(n, 1) * (gw - gw.mean(axis=1, keepdims=True)
-                                              - H * (gw * H).mean(axis=1, keepdims=True))
-        elif name == "layer_norm_param_partials":
-            g, xhat, partial, rows, width, per_chunk = args
-            d, chunks = int(width), grid[1]
-            assert g._a.flags.c_contiguous and xhat._a.flags.c_contiguous
-            G, H = g._a.reshape(-1, d), xhat._a.reshape(-1, d)
-            assert G.shape[0] == rows and chunks * per_chunk >= rows > (chunks - 1) * per_chunk
-            P = partial._a.reshape(2, chunks, d)
-            for k in range(chunks):
-                rows_k = slice(k * int(per_chunk), (k + 1) * int(per_chunk))
-                P[0, k] = (G[rows_k] * H[rows_k]).sum(axis=0)
-                P[1, k] = G[rows_k].sum(axis=0)
-        elif name == "sum_chunks":
-            partial, dweight, dbias, chunks, width = args
-            sums = partial._a.reshape(2, int(chunks), int(width)).sum(axis=1)
-            dweight._a[...], dbias._a[...] = sums[0], sums[1]
-        elif name == "cross_entropy_forward":
-            x, y, p, rows, width, alpha, inv_batch = args
-            K, X, Y = int(width), x._a.reshape(n, int(width)), y._a
-            assert x._a.flags.c_contiguous and y._a.dtype == np.int64
-            s = X - X.max(axis=1, keepdims=True)
-            z = np.exp(s).sum(axis=1)
-            lse = np.log(z)
-            p._a.reshape(n, K)[...] = np.exp(s) / z[:, None]
-            term = (1 - alpha) * (s[np.arange(n), Y] - lse) + (alpha / K) * (s.sum(axis=1) - K * lse)
-            rows._a[...] = -term * inv_batch
-        elif name == "cross_entropy_backward":
-            p, y, g, dx, width, alpha, inv_batch = args
-            K = int(width)
-            d = p._a.reshape(n, K) - alpha / K
-            d[np.arange(n), y._a] -= 1 - alpha
-            dx._a.reshape(n, K)[...] = d * (g._a.reshape(-1)[0] * inv_batch)
-        elif name == "softmax_forward":
-            x, width, scale = args
-            d = int(width)
-            assert x._a.flags.c_contiguous
-            S = x._a.reshape(n, d) * scale
-            E = np.exp(S - S.max(axis=1, keepdims=True))
-            x._a.reshape(n, d)[...] = E / E.sum(axis=1, keepdims=True)
-        elif name == "softmax_backward":
-            p, g, dx, width = args
-            d = int(width)
-            assert p._a.flags.c_contiguous and g._a.flags.c_contiguous and dx._a.flags.c_contiguous
-            P, G = p._a.reshape(n, d), g._a.reshape(n, d)
-            dx._a.reshape(n, d)[...] = P * (G - (G * P).sum(axis=1, keepdims=True))
-        else:
-            raise CompileException(name)
+        _device_op(name, lambda *a: _run_row_kernel(name, grid, kernel_arguments(source, name, dtype, a)),
+                   tuple(args), {}, inplace=True)
     return run
+
+
+def _run_row_kernel(name, grid, a):
+    n = grid[0]
+    if name == "layer_norm_forward":
+        x, stride, w, b, y, xhat, rstd, width, eps, affine = a
+        d = int(width)
+        X = _rows(x, n, d, "x", stride)
+        mean = X.mean(axis=1, keepdims=True)
+        with np.errstate(over="ignore"):
+            var = ((X - mean) ** 2).mean(axis=1, keepdims=True)
+        r = 1 / np.sqrt(var + eps)
+        big = ~np.isfinite(var[:, 0])                # the kernel's branch for squares that overflow
+        if big.any():
+            c = X[big] - mean[big]
+            scale = np.abs(c).max(axis=1, keepdims=True)
+            r[big] = 1 / np.hypot(scale * np.sqrt(((c / scale) ** 2).mean(axis=1, keepdims=True)), np.sqrt(eps))
+        H = (X - mean) * r
+        if affine:
+            _rows(y, n, d, "y")[...] = H * take(w, d) + take(b, d)
+        _rows(xhat, n, d, "xhat")[...] = H
+        take(rstd, n, "rstd")[...] = r[:, 0]
+    elif name == "layer_norm_backward":
+        g, xhat, rstd, w, dx, stride, width = a
+        d = int(width)
+        G, H = _rows(g, n, d, "g"), _rows(xhat, n, d, "xhat")
+        gw = G * take(w, d)
+        _rows(dx, n, d, "dx", stride)[...] = take(rstd, n).reshape(n, 1) * (
+            gw - gw.mean(axis=1, keepdims=True) - H * (gw * H).mean(axis=1, keepdims=True))
+    elif name == "layer_norm_param_partials":
+        g, xhat, partial, rows, width, per_chunk = a
+        d, chunks, rows = int(width), grid[1], int(rows)
+        G, H = _rows(g, rows, d, "g"), _rows(xhat, rows, d, "xhat")
+        assert chunks * per_chunk >= rows > (chunks - 1) * per_chunk
+        P = take(partial, 2 * chunks * d).reshape(2, chunks, d)
+        for k in range(chunks):
+            rows_k = slice(k * int(per_chunk), (k + 1) * int(per_chunk))
+            P[0, k] = (G[rows_k] * H[rows_k]).sum(axis=0)
+            P[1, k] = G[rows_k].sum(axis=0)
+    elif name == "sum_chunks":
+        partial, dweight, dbias, chunks, width = a
+        sums = take(partial, 2 * int(chunks) * int(width)).reshape(2, int(chunks), int(width)).sum(axis=1)
+        take(dweight, int(width))[...], take(dbias, int(width))[...] = sums[0], sums[1]
+    elif name == "cross_entropy_forward":
+        x, y, p, rows, width, alpha, inv_batch = a
+        K = int(width)
+        X, Y = _rows(x, n, K, "x"), take(y, n, "y")
+        s = X - X.max(axis=1, keepdims=True)
+        z = np.exp(s).sum(axis=1)
+        lse = np.log(z)
+        _rows(p, n, K, "p")[...] = np.exp(s) / z[:, None]
+        valid = (Y >= 0) & (Y < K)                 # a class id out of range makes the row NaN
+        picked = np.where(valid, s[np.arange(n), np.where(valid, Y, 0)], np.nan)
+        term = (1 - alpha) * (picked - lse)
+        if alpha != 0:
+            term = term + (alpha / K) * (s.sum(axis=1) - K * lse)
+        take(rows, n, "loss_rows")[...] = -term * inv_batch
+    elif name == "cross_entropy_backward":
+        p, y, g, dx, width, alpha, inv_batch = a
+        K = int(width)
+        d = _rows(p, n, K, "p") - alpha / K
+        Y = take(y, n, "y")
+        hit = np.arange(K)[None, :] == Y[:, None]
+        d = np.where(hit, d - (1 - alpha), d)
+        _rows(dx, n, K, "dx")[...] = d * (take(g, 1, "g")[0] * inv_batch)
+    elif name == "softmax_forward":
+        s, width, scale = a
+        S = _rows(s, n, int(width), "s")
+        E = np.exp(S * scale - (S * scale).max(axis=1, keepdims=True))
+        S[...] = E / E.sum(axis=1, keepdims=True)
+    elif name == "softmax_backward":
+        p, g, dx, width = a
+        d = int(width)
+        P, G = _rows(p, n, d, "p"), _rows(g, n, d, "g")
+        _rows(dx, n, d, "dx")[...] = P * (G - (G * P).sum(axis=1, keepdims=True))
+    else:
+        raise CompileException(name)
 
 
 def emulated_elementwise(in_params, out_params, body, name):
     """The elementwise kernels of ``fast/kernels/*_cuda.py`` in NumPy, with CuPy's calling
-    convention: inputs, then outputs (allocated when not given, bound by reference when given)."""
-    LAUNCHED.add(name)
+    convention: inputs, then outputs (allocated when not given, bound by reference when given).
+    (An ElementwiseKernel indexes every array by its strides and casts each scalar to the type
+    its parameter declares, as here; a NumPy array among the arguments is refused.)"""
     c0, c1 = activation_cuda.C0, activation_cuda.C1
 
     def gelu(x):
@@ -615,97 +738,117 @@ def emulated_elementwise(in_params, out_params, body, name):
         h = 0.5 * (1 + t)
         return x * h, h + x * h * (1 - t) * (c0 + 3 * c0 * c1 * x * x)
 
-    def run(*args):
-        OPS.record(f"kernel {name}")
-        a = [v._a if isinstance(v, DeviceArray) else v for v in args]
+    def compute(*a):
         if name == "tinymlp_gelu_tanh_grad":
             y, d = gelu(a[0])
-            return DeviceArray(y.astype(a[0].dtype)), DeviceArray(d.astype(a[0].dtype))
+            return y.astype(a[0].dtype), d.astype(a[0].dtype)
         if name == "tinymlp_gelu_tanh":
-            return DeviceArray(gelu(a[0])[0].astype(a[0].dtype))
+            return gelu(a[0])[0].astype(a[0].dtype)
         if name in ("tinymlp_sgu_gate", "tinymlp_sgu_gate_residual"):
             gamma, shift, *rest = a
             residual = rest.pop(0) if name.endswith("residual") else 0
             z1, f, out = rest
             f[...] = f * gamma + shift + residual
             out[...] = z1 * f
-            return args[-2], args[-1]
+            return None
         if name == "tinymlp_dropout":
             x, seed, p, scale = a
-            u = dropout_cuda.hash_uniform(int(seed), x.size).reshape(x.shape)   # i: the C-order index
-            return DeviceArray(np.where(u >= p, x * scale, x.dtype.type(0)).astype(x.dtype))
+            seed = int(seed.reshape(-1)[0]) if isinstance(seed, np.ndarray) else int(seed)
+            u = dropout_cuda.hash_uniform(seed, x.size).reshape(x.shape)   # i: the C-order index
+            return np.where(u >= p, x * scale, x.dtype.type(0)).astype(x.dtype)
         if name == "tinymlp_sgu_gate_backward":
             g, f, z1, dz1, gf = a
             dz1[...] = g * f
             gf[...] = g * z1
-            return args[-2], args[-1]
+            return None
         raise CompileException(name)
+
+    def run(*args):
+        LAUNCHED.add(name)
+        OPS.record(f"kernel {name}")
+        for v in args:
+            _refuse_host(v, name)
+        a = tuple(v._a if isinstance(v, DeviceArray) else v for v in args)
+        writes = name in ("tinymlp_sgu_gate", "tinymlp_sgu_gate_residual", "tinymlp_sgu_gate_backward")
+        result = _device_op(name, compute, a, {}, [v for v in a if isinstance(v, np.ndarray)], inplace=writes)
+        if writes:
+            return args[-2], args[-1]
+        return _wrap(result)
     return run
 
 
 LAUNCHED = set()      # the names of the kernels the emulations ran
 
-class Table(list):
-    """The stand-in's pointer table: the arrays themselves, in order (no device addresses)."""
+MULTI_TENSOR = ("adam_step", "gather", "sum_squares_partials", "clip_factor", "scale_all")
 
 
 def emulated_kernel(source, name, dtype):
-    """The multi-tensor kernels of ``optim_cuda`` in NumPy, in the kernels' operation order,
-    over a ``Table`` of arrays and their flat offsets (other names: ``emulated_row_kernel``)."""
-    if name not in ("adam_step", "sum_squares_partials", "clip_factor", "scale_all"):
+    """Every raw kernel of the fast tier in NumPy: the multi-tensor kernels of ``optim_cuda`` in
+    the kernels' operation order, over the pointer table of device addresses they are given
+    (each address resolved to the allocation it points into, as on the GPU), and the row
+    kernels (``emulated_row_kernel``)."""
+    if name not in MULTI_TENSOR:
         return emulated_row_kernel(source, name, dtype)
-    assert f'extern "C" __global__ void {name}(' in source
-    LAUNCHED.add(name)
+    signature(source, name)
+    dtype = np.dtype(dtype)
 
     def run(grid, block, args):
+        LAUNCHED.add(name)
         OPS.record(f"kernel {name}")
-        if name == "adam_step":
-            g, m, v, table, starts, count, b1, omb1, b2, omb2, eps_c, step_size, decay = args
-            assert len(table) == int(count) and isinstance(table, Table)
-            G, M, V = g._a, m._a, v._a
-            M[...] = M * b1 + G * omb1
-            V[...] = V * b2 + (G * G) * omb2
-            U = (M / (np.sqrt(V) + eps_c)) * step_size
-            for k, p in enumerate(table):
-                a, b = starts._a[k], starts._a[k + 1]
-                p._a[...] = (p._a * decay - U[a:b].reshape(p.shape)).astype(p.dtype)
-        elif name == "sum_squares_partials":
-            table, starts, count, partial = args
-            partial._a[...] = 0
-            partial._a[0] = sum((p._a.astype(p.dtype) ** 2).sum() for p in table)
-        elif name == "clip_factor":
-            partial, parts, max_norm, total, scale = args
-            t = np.sqrt(partial._a.sum())
-            total._a[0] = t
-            scale._a[0] = min(1, max_norm / (t + dtype.type(1e-6))) if np.isfinite(t) else 1
-        elif name == "scale_all":
-            table, starts, count, scale = args
-            for p in table:
-                p._a *= scale._a.reshape(-1)[0]
+        _device_op(name, lambda *a: _run_multi_tensor(name, dtype, kernel_arguments(source, name, dtype, a)),
+                   tuple(args), {}, inplace=True)
     return run
 
 
-_tables = {}
+def _table(ptrs, starts, count, dtype):
+    """The arrays of a pointer table: flat memory of each address, its size from the offsets."""
+    count = int(count)
+    offsets = take(starts, count + 1, "starts")
+    return [take(memory_at(addr, dtype), offsets[k + 1] - offsets[k], f"array {k} of the table")
+            for k, addr in enumerate(take(ptrs, count, "ptrs"))], offsets
 
 
-def pointer_table(arrays):
-    """``optim_cuda.pointer_table`` on the stand-in: the arrays themselves (a ``Table``) and their
-    offsets, uploaded when the set of arrays (their memory) is new, as the real one caches."""
-    key = tuple((a._a.__array_interface__["data"][0], a.size) for a in arrays)
-    if key not in _tables:
-        _tables[key] = standin.asarray(np.concatenate([[0], np.cumsum([a.size for a in arrays])]))
-    return Table(arrays), _tables[key]
+def _run_multi_tensor(name, dtype, a):
+    if name == "adam_step":
+        g, m, v, ptrs, starts, count, scalars = a
+        b1, omb1, b2, omb2, eps_c, step_size, decay = take(scalars, 7, "scalars")
+        arrays, offsets = _table(ptrs, starts, count, dtype)
+        n = offsets[-1]
+        G, M, V = take(g, n, "g"), take(m, n, "m"), take(v, n, "v")
+        M[...] = M * b1 + G * omb1
+        V[...] = V * b2 + (G * G) * omb2
+        U = (M / (np.sqrt(V) + eps_c)) * step_size
+        for k, p in enumerate(arrays):
+            p[...] = p * decay - U[offsets[k]:offsets[k + 1]]
+    elif name == "gather":
+        ptrs, starts, count, out = a
+        arrays, offsets = _table(ptrs, starts, count, dtype)
+        take(out, offsets[-1], "out")[...] = np.concatenate(arrays) if arrays else []
+    elif name == "sum_squares_partials":
+        ptrs, starts, count, partial = a
+        arrays, _ = _table(ptrs, starts, count, dtype)
+        partial[...] = 0
+        partial[0] = sum((p.astype(dtype) ** 2).sum() for p in arrays)
+    elif name == "clip_factor":
+        partial, parts, max_norm, total, scale = a
+        t = np.sqrt(take(partial, int(parts)).sum())
+        take(total, 1)[0] = t
+        take(scale, 1)[0] = min(1, max_norm / (t + dtype.type(1e-6))) if np.isfinite(t) else 1
+    elif name == "scale_all":
+        ptrs, starts, count, scale = a
+        for p in _table(ptrs, starts, count, dtype)[0]:
+            p *= take(scale, 1)[0]
 
 
 def emulate(monkeypatch, check=True):
     """Every fast-tier CUDA kernel "working" on an installed stand-in (both dtypes), emulated in
-    NumPy; the self-tests run (launching every kernel once and comparing its numbers with
-    NumPy's) unless ``check`` is False, then ``LAUNCHED`` is emptied."""
-    monkeypatch.setattr(cuda, "kernel", emulated_kernel)
+    NumPy behind the fast tier's own launchers (whose checks run); the self-tests run (launching
+    every kernel once and comparing its numbers with NumPy's) unless ``check`` is False, then
+    ``LAUNCHED`` is emptied."""
+    monkeypatch.setattr(cuda, "compile_kernel", emulated_kernel)
     monkeypatch.setattr(cuda, "elementwise", emulated_elementwise)
     monkeypatch.setattr(cuda, "_kernel_state", {})
-    monkeypatch.setattr(optim_cuda, "pointer_table", pointer_table)
-    _tables.clear()
+    clear_kernel_caches()
     for dtype in (np.float32, np.float64) if check else ():
         assert cuda.kernels_work(dtype)                   # the self-tests launch every kernel once
     LAUNCHED.clear()

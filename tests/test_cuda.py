@@ -637,3 +637,34 @@ def test_the_cross_entropy_kernels_match_the_reference(cp, dtype, alpha):
     assert_close(rows.sum(), ref.data, dtype, "cross-entropy")
     dx = loss_cuda.cross_entropy_backward(p, gpu(y), gpu(np.array(3.0), dtype), alpha)
     assert_close(dx, xt.grad, dtype, "cross-entropy backward")
+
+
+@pytest.mark.parametrize("layout", ["column", "every other", "int32"])
+def test_cross_entropy_kernel_takes_strided_and_int32_class_ids_and_refuses_host_ones(cp, layout):
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((6, 9)).astype(np.float32)
+    table = rng.integers(0, 9, size=(12, 2))
+    ids = {"column": table[:6, 1], "every other": table[::2, 0], "int32": table[:6, 0]}[layout]
+    on_gpu = tensor(table, device="cuda")
+    device_ids = {"column": on_gpu[:6, 1], "every other": on_gpu[::2, 0],
+                  "int32": tensor(table[:6, 0].astype(np.int32), device="cuda")}[layout]
+    x = tensor(logits, device="cuda", requires_grad=True)
+    F.cross_entropy(x, device_ids, label_smoothing=0.1).backward()
+    ref = tensor(logits, requires_grad=True)
+    loss = F.cross_entropy(ref, tensor(ids), label_smoothing=0.1)
+    loss.backward()
+    np.testing.assert_allclose(host(x.grad), ref.grad, rtol=1e-5, atol=1e-7)
+    for batch in (1, 5):
+        with pytest.raises(RuntimeError, match="different devices"):
+            F.cross_entropy(tensor(logits[:batch], device="cuda"), tensor(ids[:batch]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_cublas_binding_agrees_with_cupy_matmul(cp, dtype):
+    from tinymlp.fast import cublas
+    rng = np.random.default_rng(4)
+    a = gpu(rng.standard_normal((3, 33, 17)), dtype)
+    w = gpu(rng.standard_normal((65, 17)), dtype)
+    for left, right in ((a, w.T), (a.swapaxes(1, 2).copy().swapaxes(1, 2), w.T), (a[0].T, a[1])):
+        rtol = 1e-5 if np.dtype(dtype) == np.float32 else 1e-12
+        np.testing.assert_allclose(host(cublas.matmul(left, right)), host(cp.matmul(left, right)), rtol=rtol, atol=rtol)

@@ -38,10 +38,12 @@ import numpy as np
 
 from ..backend import add_cuda_check, array_module
 from .kernels.prelude_cuda import PRELUDE
+from .launcher import Launcher, parameters
 from .layout import memory_order
 
-__all__ = ["applies", "block", "check", "contiguous_rows", "cupy", "dense_order", "elementwise",
-           "kernel", "kernel_failure", "kernels_work", "launch", "rows", "self_test", "source", "supported"]
+__all__ = ["applies", "block", "capturing", "check", "compile_kernel", "contiguous_rows", "cupy", "dense_order",
+           "elementwise", "kernel", "kernel_failure", "kernels_work", "launch", "rows", "self_test", "source",
+           "supported"]
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 MAX_BLOCK = 256
@@ -127,16 +129,28 @@ def _agrees(got, want, dtype):
 
 def _reads_allowed():
     """The self-test's reads, allowed inside ``cupyx.allow_synchronize(False)`` (a training loop
-    may start in one; this runs once per process and dtype)."""
+    may start in one; this runs once per process and dtype). CuPy has deprecated that detector
+    since version 10 (it warns at every use): it is used only where this CuPy still has it."""
     try:
         import cupyx
     except ImportError:
         return contextlib.nullcontext()
+    allow = getattr(cupyx, "allow_synchronize", None)
+    if allow is None:
+        return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     stack.enter_context(warnings.catch_warnings())
     warnings.simplefilter("ignore")                 # CuPy warns that allow_synchronize is deprecated
-    stack.enter_context(cupyx.allow_synchronize(True))
+    stack.enter_context(allow(True))
     return stack
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (``Stream.begin_capture``):
+    then nothing may be uploaded or read back, and values the host computes each step must reach
+    the kernels through device memory (``fast/scalars.py``)."""
+    stream = cupy().cuda.get_current_stream()
+    return stream.ptr not in (0, 1) and stream.is_capturing()
 
 
 def _ready(cp):
@@ -177,7 +191,19 @@ def _module(topic_source, dtype):
 
 def kernel(topic_source, name, dtype):
     """The raw kernel ``name`` of ``topic_source``, compiled for ``dtype``: call it as
-    ``kernel(...)(grid, block, args)``."""
+    ``kernel(...)(grid, block, args)``. Each launch checks its arguments against the kernel's C
+    parameters (``Launcher``)."""
+    return _launcher(topic_source, name, np.dtype(dtype))
+
+
+@functools.cache
+def _launcher(topic_source, name, dtype):
+    return Launcher(name, parameters(topic_source, name, dtype), compile_kernel(topic_source, name, dtype),
+                    cupy().ndarray)
+
+
+def compile_kernel(topic_source, name, dtype):
+    """The compiled kernel ``name`` (a CuPy function taking ``(grid, block, args)``)."""
     return _function(topic_source, name, np.dtype(dtype))
 
 

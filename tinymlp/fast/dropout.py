@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import array_module
 from ..ops import dropout as reference
 from ..ops.dropout import Dropout
-from . import cuda
+from . import cuda, scalars
 from .kernels import dropout_cuda
 
 __all__ = ["CudaDropout"]
@@ -29,7 +30,11 @@ class CudaDropout(Dropout):
         if (rng is not None and not isinstance(rng, np.random.Generator)) or not cuda.applies(x):
             ctx.seed = None                               # a CuPy generator: the reference's draw
             return Dropout.forward(ctx, x, p, rng)
-        ctx.seed = int((reference.DEFAULT_RNG if rng is None else rng).integers(2**63))
+        generator = reference.DEFAULT_RNG if rng is None else rng
+        if cuda.capturing():                              # a slot the replays fill: nothing drawn now
+            ctx.seed = scalars.current().seed(array_module(x), generator)
+        else:
+            ctx.seed = int(generator.integers(2**63))
         ctx.p = p
         return dropout_cuda.dropout_apply(x, ctx.seed, p)
 

@@ -13,13 +13,11 @@ are first built, so the reference ``update`` and ``state_dict`` read and write t
 (switching tiers mid-training is exact). Hyperparameters enter as Python floats, which NumPy
 treats as "weak" scalars: float32 stays float32.
 
-``optimizer.step()`` finds ``FlatStep.step`` (or a subclass's) in the dispatch table under
-``dispatch.OPTIMIZER_STEP`` while the fast tier is on; ``optim.clip_grad_norm`` finds
-``clip_grad_norm`` below under ``dispatch.CLIP_GRAD_NORM`` on CUDA. Three versions of the step,
-one per back end: ``FlatStep`` (the array code above, NumPy or CuPy), ``CompiledFlatStep`` (CPU,
-numba installed: a whole Adam(W) step in one compiled pass per 16 parameters, else Adam's
-direction and each parameter's update one compiled pass each, ``kernels/optim_numba.py``) and
-``CudaFlatStep`` (CUDA: a whole Adam(W) step in one kernel, ``kernels/optim_cuda.py``).
+``optimizer.step()`` and ``optim.clip_grad_norm`` (on CUDA) find ``FlatStep.step`` (or a
+subclass's) and ``clip_grad_norm`` below in the dispatch table. One step per back end:
+``FlatStep`` (the array code above, NumPy or CuPy), ``CompiledFlatStep`` (numba: a whole Adam(W)
+step in one compiled pass per 16 parameters, ``kernels/optim_numba.py``) and ``CudaFlatStep``
+(a whole Adam(W) step in one kernel, ``kernels/optim_cuda.py``, its scalars on the device).
 """
 
 from __future__ import annotations
@@ -29,10 +27,10 @@ import math
 import numpy as np
 
 from ..backend import array_module, device_of
-from . import compiled
+from . import compiled, cuda, scalars
 from .kernels import optim_cuda, optim_numba
 
-__all__ = ["CompiledFlatStep", "CudaFlatStep", "FlatGroup", "FlatStep", "clip_grad_norm"]
+__all__ = ["CAPTURED", "CompiledFlatStep", "CudaFlatStep", "FlatGroup", "FlatStep", "clip_grad_norm"]
 
 CHUNK = 1 << 16
 """On the CPU the update walks the flat buffers in pieces of this many values (256 KiB of
@@ -102,8 +100,13 @@ class FlatStep:
     @staticmethod
     def whole_step(optimizer, group, fs, params, t, decay):
         """The whole step of an Adam(W) group (moments, direction, every parameter) in one
-        pass; False where there is no kernel for it."""
+        pass; False where there is no kernel for it (``CAPTURED``: recorded for a CUDA graph)."""
         return False
+
+    @staticmethod
+    def gather(grads, out):
+        """out <- the gradients, flattened one after the other."""
+        array_module(out).concatenate([g.reshape(-1) for g in grads], out=out)
 
     @classmethod
     def step(cls, optimizer):
@@ -141,7 +144,7 @@ class FlatStep:
             if whole:
                 # the usual case: all parameters at the same step, so the update runs over the
                 # whole flat buffers (on the CPU in cache-sized pieces, on a GPU in one piece)
-                xp.concatenate([p.grad.reshape(-1) for p in params], out=fs.grad)
+                cls.gather([p.grad for p in params], fs.grad)
                 t, n = steps[0] + 1, fs.grad.size
                 chunk = CHUNK if xp is np and one_pass is None else n
                 pieces = [(slice(a, a + chunk), t) for a in range(0, n, chunk)]
@@ -157,10 +160,12 @@ class FlatStep:
                     g = fs.view(fs.grad, i)
                     g += scratch
 
-            if optimizer.fast_kind == "adam" and whole and cls.whole_step(optimizer, group, fs, params,
-                                                                          pieces[0][1], decay):
-                for i in live:
-                    states[i]["step"] += 1
+            done = optimizer.fast_kind == "adam" and whole and cls.whole_step(optimizer, group, fs, params,
+                                                                              pieces[0][1], decay)
+            if done:
+                if done is not CAPTURED:      # (a captured step counts its steps at each replay)
+                    for i in live:
+                        states[i]["step"] += 1
                 continue
 
             run = one_pass if one_pass is not None else DIRECTIONS[optimizer.fast_kind]
@@ -202,19 +207,34 @@ def _compiled_adam_direction(group, g, bufs, out, t):
         adam_direction(group, g, bufs, out, t)
 
 
+CAPTURED = "captured"   # whole_step recorded the step for a CUDA graph: its counts advance at each replay
+
+
 class CudaFlatStep(FlatStep):
-    """The flat step with a whole Adam(W) step as one kernel over every parameter."""
+    """The flat step with a whole Adam(W) step as one kernel over every parameter, its scalars
+    read from device memory (uploaded each step, or before each replay of a captured step)."""
+
+    @staticmethod
+    def gather(grads, out):
+        if not (optim_cuda.multi_tensor_ok([out, *grads]) and out.size == sum(g.size for g in grads)):
+            return FlatStep.gather(grads, out)
+        optim_cuda.gather(grads, out)
 
     @staticmethod
     def whole_step(optimizer, group, fs, params, t, decay):
         if not optim_cuda.multi_tensor_ok([fs.grad] + [p.data for p in params]):
             return False
-        b1, b2 = (float(b) for b in group["betas"])
-        c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+        if getattr(fs, "scalars", None) is None:
+            fs.scalars = scalars.StepScalars(array_module(fs.grad), fs.dtype, len(optim_cuda.ADAM_SCALARS))
+        captured = cuda.capturing()
+        if captured:
+            gi = optimizer.param_groups.index(group)
+            scalars.current().record(lambda: scalars.advance_adam(optimizer, gi, fs))
+        else:
+            fs.scalars.upload(scalars.adam_values(group, t, decay))
         optim_cuda.adam_step([p.data for p in params], fs.grad, fs.bufs["exp_avg"], fs.bufs["exp_avg_sq"],
-                             b1=b1, b2=b2, eps_c=float(group["eps"]) * root_c2,
-                             step_size=float(group["lr"]) * root_c2 / c1, decay=decay)
-        return True
+                             fs.scalars.device)
+        return CAPTURED if captured else True
 
 
 def clip_grad_norm(grads, max_norm, sync):

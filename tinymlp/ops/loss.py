@@ -107,11 +107,8 @@ def cross_entropy(logits, target, label_smoothing=0.0):
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     xp = array_module(logits.data)
-    if isinstance(target, Tensor):
-        if not is_float_dtype(target.dtype):
-            target = target.data                   # class ids are constants
-    else:
-        target = xp.asarray(target)
+    if not isinstance(target, Tensor):
+        target = xp.asarray(target)                # an array or a list: data, put on the logits' device
     t_data = target.data if isinstance(target, Tensor) else target
     if t_data.ndim == 1:
         if is_float_dtype(t_data.dtype) or t_data.dtype == bool:

@@ -36,10 +36,16 @@ _BODY = f"""
 
 
 def dropout_apply(x, seed, p):
-    """``x`` times the mask of ``seed`` (``x * m``, m = 1/(1-p) where u >= p, else 0), a new array."""
+    """``x`` times the mask of ``seed`` (``x * m``, m = 1/(1-p) where u >= p, else 0), a new array.
+    ``seed``: an int, or a 0-d uint64 device array (a slot a captured step reads its seed from)."""
     cuda.check("dropout_apply", x)
+    if not isinstance(seed, int):
+        if not (isinstance(seed, cuda.cupy().ndarray) and seed.shape == () and seed.dtype == np.uint64):
+            raise TypeError(f"dropout_apply: seed must be an int or a 0-d uint64 CuPy array, got {seed!r}")
+    else:
+        seed = np.uint64(seed)
     kernel = cuda.elementwise("T x, uint64 seed, float64 p, T scale", "T y", _BODY, "tinymlp_dropout")
-    return kernel(x, np.uint64(seed), np.float64(p), x.dtype.type(1.0 / (1.0 - p)))
+    return kernel(x, seed, np.float64(p), x.dtype.type(1.0 / (1.0 - p)))
 
 
 def hash_uniform(seed, size):

@@ -78,6 +78,7 @@ def cross_entropy_forward(x, y, alpha):
     cp = cuda.cupy()
     cuda.check("cross_entropy_forward", x)
     B, K = x.shape
+    _check_ids("cross_entropy_forward", y, B)
     p = cp.empty((B, K), dtype=x.dtype)
     rows = cp.empty(B, dtype=x.dtype)
     if B and K:
@@ -90,13 +91,25 @@ def cross_entropy_forward(x, y, alpha):
 def cross_entropy_backward(p, y, g, alpha):
     """dL/dx from the saved softmax p (B, K), the class ids y and the upstream gradient g (0-d)."""
     cp = cuda.cupy()
+    cuda.check("cross_entropy_backward", p, g)
     B, K = p.shape
+    _check_ids("cross_entropy_backward", y, B)
+    if g.size != 1:
+        raise ValueError(f"cross_entropy_backward: the upstream gradient must hold one value, got shape {g.shape}")
     dx = cp.empty((B, K), dtype=p.dtype)
     if B and K:
         t = p.dtype.type
         cuda.kernel(SOURCE, "cross_entropy_backward", p.dtype)(
             (B,), (cuda.block(K),), (p, y, g, dx, np.int32(K), t(alpha), t(1.0 / B)))
     return dx
+
+
+def _check_ids(name, y, batch):
+    """The kernels read ``batch`` class ids at unit stride from y's first element (the Launcher
+    checks the device, the dtype and the layout; the length is checked here)."""
+    if getattr(y, "shape", None) != (batch,):
+        raise ValueError(f"{name}: expected {batch} class ids, one per row of the logits, got an array of shape "
+                         f"{getattr(y, 'shape', None)}")
 
 
 @cuda.self_test

@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import cuda
 
-__all__ = ["SOURCE", "adam_step", "clip_by_norm", "multi_tensor_ok", "pointer_table", "scale_all"]
+__all__ = ["ADAM_SCALARS", "SOURCE", "adam_scalars", "adam_step", "clip_by_norm", "gather", "multi_tensor_ok",
+           "pointer_table", "scale_all"]
 
 SOURCE = r"""// ---- Multi-tensor kernels: one launch over many parameters (or gradients). ptrs[k] is the
 // device address of array k (C-contiguous), starts[k] its offset in the flat numbering of all
@@ -31,11 +32,14 @@ __device__ __forceinline__ int owner(const long long* starts, const int count, c
 // Adam(W) over a whole group: with g, m, v the flat gradient and moments,
 //   m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2,
 //   p <- p * decay - step_size * m / (sqrt(v) + eps_c)      (p: the parameter element i is)
-// in the operation order of fast/optim.py's array code (see adam_direction there).
+// in the operation order of fast/optim.py's array code (see adam_direction there). The step's
+// scalars are read from device memory, s = (b1, 1 - b1, b2, 1 - b2, eps_c, step_size, decay),
+// uploaded before each step (fast/scalars.py): a replayed CUDA graph reads that step's values.
 extern "C" __global__ void adam_step(
         const T* g, T* m, T* v, const long long* ptrs, const long long* starts, const int count,
-        const T b1, const T one_minus_b1, const T b2, const T one_minus_b2, const T eps_c,
-        const T step_size, const T decay) {
+        const T* s) {
+    const T b1 = s[0], one_minus_b1 = s[1], b2 = s[2], one_minus_b2 = s[3], eps_c = s[4];
+    const T step_size = s[5], decay = s[6];
     const long long n = starts[count];
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -49,6 +53,18 @@ extern "C" __global__ void adam_step(
         T* p = reinterpret_cast<T*>(ptrs[k]);
         const long long j = i - starts[k];
         p[j] = p[j] * decay - u;
+    }
+}
+
+// Every array copied into its slice of the flat out (what a concatenate does, without the
+// table of addresses CuPy uploads for one: this table is cached).
+extern "C" __global__ void gather(
+        const long long* ptrs, const long long* starts, const int count, T* out) {
+    const long long n = starts[count];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int k = owner(starts, count, i);
+        out[i] = reinterpret_cast<const T*>(ptrs[k])[i - starts[k]];
     }
 }
 
@@ -128,18 +144,31 @@ def pointer_table(arrays):
     return table
 
 
-def adam_step(params, g, m, v, *, b1, b2, eps_c, step_size, decay):
-    """One Adam(W) step over a whole group in one launch (``fast/optim.py`` gives the scalars).
+ADAM_SCALARS = ("b1", "1 - b1", "b2", "1 - b2", "eps_c", "step_size", "decay")
+"""What ``adam_step`` reads from its scalars buffer, in order."""
+
+
+def adam_scalars(*, b1, b2, eps_c, step_size, decay):
+    """The values of ``ADAM_SCALARS`` for one step (Python floats, rounded to the dtype on upload)."""
+    return (b1, 1.0 - b1, b2, 1.0 - b2, eps_c, step_size, decay)
+
+
+def adam_step(params, g, m, v, scalars):
+    """One Adam(W) step over a whole group in one launch.
 
     params: the parameters' arrays; g, m, v: flat (sum of sizes,) gradient and moments, in
-    the parameters' order. m and v are updated in place, each parameter p becomes
-    ``p * decay - step_size * m / (sqrt(v) + eps_c)`` (decay 1 for Adam).
+    the parameters' order; scalars: a device array of the step's ``ADAM_SCALARS`` values
+    (``adam_scalars``, uploaded by ``fast/scalars.py``). m and v are updated in place, each
+    parameter p becomes ``p * decay - step_size * m / (sqrt(v) + eps_c)`` (decay 1 for Adam).
     """
     ptrs, starts = pointer_table(params)
-    dt = g.dtype.type
-    cuda.launch(SOURCE, "adam_step", g.dtype, g.size,
-                (g, m, v, ptrs, starts, np.int32(len(params)), dt(b1), dt(1.0 - b1), dt(b2), dt(1.0 - b2),
-                 dt(eps_c), dt(step_size), dt(decay)))
+    cuda.launch(SOURCE, "adam_step", g.dtype, g.size, (g, m, v, ptrs, starts, np.int32(len(params)), scalars))
+
+
+def gather(arrays, out):
+    """``out[...] = concatenate([a.ravel() for a in arrays])`` in one launch (C-contiguous arrays)."""
+    ptrs, starts = pointer_table(arrays)
+    cuda.launch(SOURCE, "gather", out.dtype, out.size, (ptrs, starts, np.int32(len(arrays)), out))
 
 
 def clip_by_norm(grads, max_norm):
@@ -178,8 +207,10 @@ def _self_test(dtype):
     v = np.abs(v)
     params = [cp.asarray(a, dtype=dtype) for a in p0]
     m_dev, v_dev = cp.asarray(m, dtype=dtype), cp.asarray(v, dtype=dtype)
-    adam_step(params, cp.asarray(g, dtype=dtype), m_dev, v_dev, b1=0.9, b2=0.999, eps_c=1e-8,
-              step_size=1e-2, decay=0.99)
+    scalars = cp.asarray(adam_scalars(b1=0.9, b2=0.999, eps_c=1e-8, step_size=1e-2, decay=0.99), dtype=dtype)
+    adam_step(params, cp.asarray(g, dtype=dtype), m_dev, v_dev, scalars)
+    gathered = cp.empty(38, dtype=dtype)
+    gather(params, gathered)
     m1, v1 = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
     flat = np.concatenate([a.ravel() for a in p0]) * 0.99 - 1e-2 * m1 / (np.sqrt(v1) + 1e-8)
     grads = [cp.asarray(a, dtype=dtype) for a in p0]
@@ -187,7 +218,7 @@ def _self_test(dtype):
     scale_all(grads, scale)
     norm = np.sqrt(sum((a * a).sum() for a in p0))
     return [("AdamW's first moment", m_dev, m1), ("AdamW's second moment", v_dev, v1),
-            ("AdamW's update", cp.concatenate([a.ravel() for a in params]), flat),
+            ("AdamW's update", gathered, flat),
             ("the gradients' norm", total, np.array(norm)),
             ("the clipped gradients", cp.concatenate([a.ravel() for a in grads]),
              np.concatenate([a.ravel() for a in p0]) * min(1.0, 1.0 / (norm + 1e-6)))]
