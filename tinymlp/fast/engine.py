@@ -176,10 +176,10 @@ class FastEngine(Engine):
         """What the op that made input ``i`` hands ``impl``: its pending bias, its derivative
         (not to a tensor that appears twice among the inputs: x op x)."""
         once = sum(b is args[i] for b in args) == 1
-        if pending:
-            kwargs = _take_bias(impl, i, args[i], arrays, kwargs) if once else kwargs
-            if not once:
-                arrays[i] = args[i].array
+        if pending and once:
+            kwargs = _take_bias(impl, i, args[i], arrays, kwargs)
+        elif pending:
+            arrays[i] = args[i].array                        # adds it
         if offers and once and isinstance(ctx, FastContext):
             kwargs = _take_derivative(impl, ctx, i, args[i].grad_fn, arrays, kwargs)
         return kwargs
