@@ -84,6 +84,9 @@ def _explain_failure(run, c, result, checks, missing, linear):
         result.hint_kind = "nan"
         result.hint = (f"NaN/inf in backward at {name}{bad} "
                        "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)")
+    elif name in run.changed_in_place:
+        result.hint_kind = "changed_in_place"
+        result.hint = run.changed_in_place[name][0]
     elif not all(math.isfinite(ch.numerical) for ch in fails):
         result.hint = ("the numerical estimate is not finite: forward is NaN/inf near the inputs, "
                        "or the step is lost to rounding")

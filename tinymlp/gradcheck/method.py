@@ -58,7 +58,7 @@ import numpy as np
 from ..grad_mode import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
-from . import checks, precision, state
+from . import blame, checks, precision, state
 from .degenerate import degenerate_inputs
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
@@ -309,7 +309,7 @@ def check_gradients(run) -> dict:
     grads0, _ = checks.analytic(run, 0.0)
     checks.backward_left_inputs_alone(run)
     if not errors:
-        run.problems += checks.backward_in_place(run)
+        run.problems += blame.backward_in_place(run)
     if not errors and not run.problems:
         run.problems += state.saved_state(run, grads)
     results = {}
@@ -330,7 +330,7 @@ def check_gradients(run) -> dict:
             precision.float32_failure(run, c, result, elements, classify)
         diagnose(run, c, result, elements, missing, linear)
     diagnose_across(run, results)
-    checks.name_sources(run, results)
+    blame.name_sources(run, results)
     run.working_restored = all(same_bits(c.tensor.data, checks.working_snapshot(run, c)) for c in run.checked)
     return results
 

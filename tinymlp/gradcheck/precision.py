@@ -24,7 +24,7 @@ import numpy as np
 
 from ..grad_mode import enable_grad
 from ..backend import to_device
-from .checks import function_name, graph_nodes
+from .blame import function_name, graph_nodes
 from .plan import host
 from .report import FAIL
 
