@@ -78,6 +78,24 @@ class GroupNormPositionMean(GroupNorm):
         return r * (gh - gh_mean - xh * (gh * xh).mean(axis=-1, keepdims=True))
 
 
+class BatchNormNoMean(Function):
+    """Batch normalisation of (B, C, L) over the batch and the positions of each channel (no gain);
+    the bug: the mean(g) term is missing from dL/dx."""
+
+    @staticmethod
+    def forward(ctx, x):
+        mu = x.mean(axis=(0, 2), keepdims=True)
+        r = 1 / np.sqrt(((x - mu) ** 2).mean(axis=(0, 2), keepdims=True) + 1e-5)
+        xhat = (x - mu) * r
+        ctx.save_for_backward(xhat, r)
+        return xhat
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, r = ctx.saved_tensors
+        return r * (g - xhat * (g * xhat).mean(axis=(0, 2), keepdims=True))
+
+
 # ----------------------------------------------------------------------------- Swish with a learnt beta
 
 

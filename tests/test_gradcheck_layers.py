@@ -69,3 +69,63 @@ def test_reports_name_reference_functions_never_fast_tier_classes():
             assert reference_function(impl) is reference
     assert reference_function(tinymlp.fast.activation.FastGELU) is tinymlp.ops.activation.GELU
     assert reference_function(layers.LeakyReLUInPlace) is layers.LeakyReLUInPlace
+
+
+# ----------------------------------------------------------------------------- the extent of a missing term
+
+
+def groupnorm_inputs():
+    return leaf((2, 6, 4), 1), leaf((6,), 2, 0.3, 1.0), leaf((6,), 3)
+
+
+def test_a_missing_group_mean_is_named_over_its_block_not_one_axis():
+    x = failing(layers.GroupNormNoGroupMean.apply, groupnorm_inputs()).per_tensor["x"]
+    assert x.hint_kind == "block_constant", x.hint
+    assert ("constant on each block of 12 elements: 3 consecutive indices of axis 1 ([0:3], [3:6]) x all 4 of "
+            "axis 2") in x.pattern
+    assert "forward normalises 'x' over these same blocks" in x.pattern
+    assert "g.reshape(2, 2, 3, 4).mean(axis=(2, 3), keepdims=True)" in x.hint and "block-mean term" in x.hint
+    assert "g.mean(axis=2" not in x.hint
+
+
+def test_a_group_mean_taken_over_one_axis_is_told_its_extent_is_wrong():
+    x = failing(layers.GroupNormPositionMean.apply, groupnorm_inputs()).per_tensor["x"]
+    assert x.hint_kind == "wrong_extent", x.hint
+    assert "constant over axis 2 only" in x.pattern and "forward normalises 'x' over blocks of 12" in x.pattern
+    assert "take every mean (or sum) in backward over forward's block" in x.hint
+    assert "g.reshape(2, 2, 3, 4).mean(axis=(2, 3), keepdims=True)" in x.hint
+
+
+def test_a_block_over_axes_apart_is_named_with_both():
+    x = failing(layers.BatchNormNoMean.apply, (leaf((3, 4, 5), 1),)).per_tensor["x"]
+    assert x.hint_kind == "block_constant", x.hint
+    assert "block of 15 elements: all 3 of axis 0 x all 5 of axis 2" in x.pattern
+    assert "g.reshape(3, 4, 5).mean(axis=(0, 2), keepdims=True)" in x.hint
+
+
+def test_a_correct_groupnorm_passes():
+    passing(layers.GroupNorm.apply, groupnorm_inputs())
+
+
+# ----------------------------------------------------------------------------- a mask dropped in backward
+
+
+def attention_inputs():
+    return leaf((2, 4, 3), 6), leaf((2, 4, 3), 7), leaf((2, 4, 3), 8)
+
+
+def test_a_mask_dropped_in_backward_is_named_although_other_elements_fail_too():
+    report = failing(layers.CausalAttentionMaskForgotten.apply, attention_inputs())
+    q = report.per_tensor["q"]
+    assert q.hint_kind == "ignored_by_forward", report.summary()
+    assert "6 of 18 failing elements (q[0, 0, 0], q[0, 0, 1], q[0, 0, 2] ...) have a numerical gradient of " \
+           "exactly 0" in q.pattern
+    assert "a mask or tril missing?" in q.hint and "the other 12 failing elements, which forward uses" in q.hint
+    assert "split/gate" not in report.summary()
+    for name in ("k", "v"):
+        other = report.per_tensor[name]
+        assert other.hint_kind == "shared_intermediate" and "mask missing in backward" in other.hint, other.hint
+
+
+def test_a_correct_causal_attention_passes():
+    passing(layers.CausalAttention.apply, attention_inputs())

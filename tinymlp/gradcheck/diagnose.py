@@ -139,22 +139,32 @@ def _explain_failure(run, c, result, checks, missing, linear):
 
 
 def _ignored_by_forward(run, c, result, elements):
-    """Every failing element has a numerical gradient of exactly 0 because forward ignores it."""
-    if not elements or any(ch.numerical != 0 for ch in elements):
+    """Failing elements whose numerical gradient is exactly 0 because forward ignores them (moving
+    one leaves the loss bit for bit unchanged) while backward gives them one: a mask missing from
+    backward, said even when other elements fail too (what the missing mask does where forward
+    does use the values)."""
+    zeros = [ch for ch in elements if ch.numerical == 0 and ch.analytical != 0]
+    if not zeros:
         return False
     from .checks import ignored_by_forward  # the probe moves inputs: it lives with the other checks
 
-    probe = elements[:16]
+    probe = zeros[:16]
     index = np.array([np.ravel_multi_index(ch.index, c.tensor.shape) if ch.index else 0 for ch in probe])
     if not ignored_by_forward(run, c, index).all():
         return False
-    where = ", ".join(ch.where(c.name) for ch in elements[:3]) + (" ..." if len(elements) > 3 else "")
+    where = ", ".join(ch.where(c.name) for ch in zeros[:3]) + (" ..." if len(zeros) > 3 else "")
     result.hint_kind = "ignored_by_forward"
-    result.pattern = (f"{len(elements)} of {len(elements)} failing elements ({where}) have a numerical gradient "
+    result.pattern = (f"{len(zeros)} of {len(elements)} failing elements ({where}) have a numerical gradient "
                       f"of exactly 0: moving one (by half its size) leaves the loss exactly unchanged, so forward "
                       "ignores them")
     result.hint = ("backward gives a gradient where forward has none (a mask or tril missing?): apply to the "
                    "gradient the same mask that forward applies to its input")
+    if len(zeros) < len(elements):
+        others = len(elements) - len(zeros)
+        result.pattern += f"; the other {others} failing elements are used by forward"
+        result.hint += (f"; the other {others} failing elements, which forward uses, are wrong too: the same missing "
+                        "mask may cause that (masked positions recomputed in backward take a share of every row, as "
+                        "attention probabilities recomputed without the causal mask do); fix the mask first")
     return True
 
 
@@ -319,7 +329,23 @@ def diagnose_across(run, results):
                              f"{other.name!r}, and the other way round")
                 r.hint = (f"backward returns the gradients of {ra.name!r} and {rb.name!r} in swapped order: "
                           "swapping them would pass; return one gradient per input, in forward's order")
+    _mask_shared(results, failing)
     _tie(run, results, [r for r in failing if r.hint_kind != "swapped"])
+
+
+def _mask_shared(results, failing):
+    """One failing tensor shows a mask missing in backward: the others failing with it without a
+    hint of their own are told that their gradients may come from the same unmasked quantity."""
+    masked = [r.name for r in failing if r.hint_kind == "ignored_by_forward"]
+    if not masked:
+        return
+    for r in failing:
+        if r.hint_kind in (None, "wrong_formula", "partial_branch"):
+            r.hint_kind = "shared_intermediate"
+            r.hint = (f"{r.name!r} fails together with {_names(masked)}, whose report shows a mask missing in "
+                      f"backward: the gradient of {r.name!r} is likely computed from the same unmasked quantity (the "
+                      "probabilities or scores recomputed in backward without the mask); fix the mask, then check "
+                      "again")
 
 
 def _names(names):

@@ -17,7 +17,7 @@ HINT_KINDS = (
     "partial_scale", "wrong_formula", "swapped", "low_precision", "too_few_gradients",
     "ignored_by_forward", "row_constant", "row_terms", "swapped_halves", "wrong_order", "shared_intermediate",
     "row_multiple", "batch_mixed", "factor_of_input", "row_factor", "repeated_index", "precision_loss",
-    "wrong_axis", "changed_in_place",
+    "wrong_axis", "changed_in_place", "block_constant", "block_multiple", "block_terms", "wrong_extent",
 )
 """The values ``TensorResult.hint_kind`` can take (besides None)."""
 
