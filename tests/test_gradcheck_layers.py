@@ -7,6 +7,7 @@ Function at fault; each correct layer must pass, however awkward its inputs (tie
 
 import warnings
 
+import pytest
 
 import tinymlp
 from tinymlp import gradcheck
@@ -129,3 +130,24 @@ def test_a_mask_dropped_in_backward_is_named_although_other_elements_fail_too():
 
 def test_a_correct_causal_attention_passes():
     passing(layers.CausalAttention.apply, attention_inputs())
+
+
+# ----------------------------------------------------------------------------- a broadcast parameter
+
+
+@pytest.mark.parametrize("layer, x_shape, right, wrong", [
+    (layers.SwishBetaWrongAxis, (5, 5), "axis 0", "axis 1"),
+    (layers.SwishBetaWrongAxis3d, (2, 4, 4), "axes 0 and 1", "axes 0 and 2"),
+], ids=["2d", "3d"])
+def test_a_parameter_summed_over_the_wrong_axis_names_both_axes(layer, x_shape, right, wrong):
+    beta = leaf(x_shape[-1:], 5, 0.5, 1.0)
+    result = failing(layer.apply, (leaf(x_shape, 4), beta)).per_tensor["beta"]
+    assert result.hint_kind == "summed_over_wrong_axis", result.hint
+    assert f"forward broadcasts 'beta' ({x_shape[-1]},) to {x_shape}" in result.pattern
+    assert f"its gradient is the sum over {right} of one contribution per position" in result.pattern
+    assert f"backward's gradient is exactly their sum over {wrong}" in result.pattern
+    assert result.hint.startswith(f"the gradient of 'beta' is summed over {wrong} where {right} belong")
+
+
+def test_a_correct_swish_with_a_learnt_beta_passes():
+    passing(layers.SwishBeta.apply, (leaf((2, 4, 4), 4), leaf((4,), 5, 0.5, 1.0)))

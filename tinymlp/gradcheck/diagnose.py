@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backend import to_device
 from . import hints
+from .broadcast import summed_over
 from .report import FAIL, PASS
 from .rows import row_hint, wrong_axis
 
@@ -109,7 +110,7 @@ def _explain_failure(run, c, result, checks, missing, linear):
         ratio = _common_ratio(run, elements)
         location = _location(checks, c.tensor.shape, name)
         subset = _which_fail(c, checks)
-        if hints.repeated_index(run, c, result, checks):
+        if hints.repeated_index(run, c, result, checks) or summed_over(run, c, result):
             pass
         elif ratio is not None and (ratio[2] >= 2 or location is None) and _ratio_hint(run, c, result, elements,
                                                                                         *ratio):
