@@ -7,6 +7,7 @@ Function at fault; each correct layer must pass, however awkward its inputs (tie
 
 import warnings
 
+import numpy as np
 import pytest
 
 import tinymlp
@@ -151,3 +152,30 @@ def test_a_parameter_summed_over_the_wrong_axis_names_both_axes(layer, x_shape, 
 
 def test_a_correct_swish_with_a_learnt_beta_passes():
     passing(layers.SwishBeta.apply, (leaf((2, 4, 4), 4), leaf((4,), 5, 0.5, 1.0)))
+
+
+# ----------------------------------------------------------------------------- ties at a kink
+
+
+def test_ties_sent_to_both_maxima_fail_along_the_tie():
+    x = failing(layers.MaxPool1dTiesToAll.apply, (layers.after_relu((2, 3, 8), 12),)).per_tensor["x"]
+    assert x.verdict == "FAIL" and x.hint_kind == "ties", x.hint
+    assert "7 of 7 tied group(s) (x[0, 0, 6] = x[0, 0, 7] = 0;" in x.pattern
+    assert "backward / numerical = 2 on every group" in x.pattern
+    assert x.hint.startswith("ties sent to every maximum") and "counts it twice" in x.hint
+    assert "not a backward bug" not in (x.hint + x.pattern + x.trust)
+
+
+def test_a_correct_max_pool_with_ties_passes_and_says_the_ties_were_checked():
+    report = passing(layers.MaxPool1d.apply, (layers.after_relu((2, 3, 8), 12),))
+    x = report.per_tensor["x"]
+    assert x.verdict == "NONDIFF"
+    assert "7 tied group(s)" in x.pattern and "moved together each agrees with backward" in x.pattern
+
+
+def test_several_relu_kinks_at_zero_are_not_taken_for_a_tie():
+    data = np.random.default_rng(0).normal(size=(3, 4))
+    data[0, :2] = data[1, 1] = 0.0
+    x = tinymlp.tensor(data, requires_grad=True, dtype="float64")
+    result = passing(tinymlp.functional.relu, (x,)).per_tensor["x"]
+    assert result.verdict == "NONDIFF" and not result.ties and "not a backward bug" in result.hint

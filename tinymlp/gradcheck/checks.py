@@ -8,9 +8,9 @@
 * ``sample_positions`` / ``directional`` / ``blocks`` / ``locate``: what sampled mode checks on a
   large tensor (every element is in a block checked along random +-1 signs, small gradients in
   small blocks), and how a failing block is halved down to its wrong elements;
-* ``kinks``, ``stability``, ``lost_precision`` and ``ignored_by_forward``: can the numerical
-  side be trusted for a failing element (a kink within eps, an estimate that moves with eps, a
-  forward that computes in float32 inside, an element that forward does not use at all)?
+* ``stability``, ``lost_precision`` and ``ignored_by_forward``: can the numerical side be
+  trusted for a failing element (an estimate that moves with eps, a forward that computes in
+  float32 inside, an element that forward does not use at all; kinks and ties: ``ties.py``)?
 * ``summarize``: the counts, verdict and worst elements of one tensor.
 """
 
@@ -319,17 +319,6 @@ def sample_positions(shape, n_coords, rng):
     while len(chosen) < target:
         chosen.setdefault(int(rng.integers(size)), None)
     return np.array(sorted(chosen), dtype=np.int64)
-
-
-def kinks(a, n, d_plus, d_minus, status, settings):
-    """Failing elements whose one-sided slopes disagree and bracket a: a kink within +-eps."""
-    atol = settings.atol_eff
-    with np.errstate(invalid="ignore"):
-        gap = np.abs(d_plus - d_minus)
-        lo, hi = np.minimum(d_plus, d_minus), np.maximum(d_plus, d_minus)
-        band = atol + settings.rtol * np.maximum(np.abs(d_plus), np.abs(d_minus))
-        kink = (gap > 1e-3 * np.maximum(1.0, np.abs(n)) + 2 * atol) & (a >= lo - band) & (a <= hi + band)
-    return (status == FAIL) & kink & np.isfinite(a) & np.isfinite(gap)
 
 
 def stability(run, c, elements):

@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from ..backend import to_device
-from . import hints
+from . import hints, ties
 from .broadcast import summed_over
 from .report import FAIL, PASS
 from .rows import row_hint, wrong_axis
@@ -65,6 +65,8 @@ def _explain_kink(run, c, result):
                    f"non-differentiable point (ReLU/abs/max/clip): the numerical {ch.numerical:.3g} "
                    "averages the two one-sided slopes; this is not a backward bug. "
                    "Draw inputs away from the kink")
+    if result.ties:
+        result.pattern += "; " + ties.describe(c, result.ties)[1]
 
 
 def _explain_failure(run, c, result, checks, missing, linear):
@@ -85,6 +87,11 @@ def _explain_failure(run, c, result, checks, missing, linear):
         result.hint_kind = "nan"
         result.hint = (f"NaN/inf in backward at {name}{bad} "
                        "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)")
+    elif any(t.status == FAIL for t in result.ties):
+        result.hint_kind = "ties"
+        result.pattern, result.hint = ties.describe(c, result.ties)
+        result.trust = ("each tied group moved together has equal one-sided slopes: the numerical derivative along "
+                        "it is reliable, so backward is wrong there (one element alone sits at a kink)")
     elif name in run.changed_in_place:
         result.hint_kind = "changed_in_place"
         result.hint = run.changed_in_place[name][0]

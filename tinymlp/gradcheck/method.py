@@ -58,7 +58,7 @@ import numpy as np
 from ..grad_mode import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
-from . import blame, checks, precision, state
+from . import blame, checks, precision, state, ties
 from .degenerate import degenerate_inputs
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
@@ -370,7 +370,8 @@ def compare_tensor(run, c, result, a, rng):
                 result.mode = "sampled, then located" if complete else "sampled, partly located"
             n, d_plus, d_minus = run.ev.central_differences(c.tensor, index, s.eps, run.L0)
             status, diff, rel = classify(a_flat[index], n, s.rtol, s.atol_eff)
-    status = np.where(checks.kinks(a_flat[index], n, d_plus, d_minus, status, s), NONDIFF, status)
+    status = np.where(ties.kinks(a_flat[index], n, d_plus, d_minus, status, s), NONDIFF, status)
+    status, result.ties = ties.ties(run, c, index, a_flat[index], d_plus, d_minus, status, classify)
 
     shape = c.tensor.shape
     elements = [ElementCheck(tuple(int(j) for j in np.unravel_index(i, shape)) if shape else (),
