@@ -179,3 +179,28 @@ def test_several_relu_kinks_at_zero_are_not_taken_for_a_tie():
     x = tinymlp.tensor(data, requires_grad=True, dtype="float64")
     result = passing(tinymlp.functional.relu, (x,)).per_tensor["x"]
     assert result.verdict == "NONDIFF" and not result.ties and "not a backward bug" in result.hint
+
+
+# ----------------------------------------------------------------------------- saturated outputs
+
+
+@pytest.mark.parametrize("fn", [layers.Softmax.apply, tinymlp.functional.softmax], ids=["student", "library"])
+def test_a_correct_softmax_on_confident_logits_passes_checked_where_it_is_not_saturated(fn):
+    report = passing(fn, (layers.confident_logits(margin=95.0),))
+    result = next(iter(report.per_tensor.values()))
+    assert result.verdict == "ok" and result.n_unverified * 2 < result.checked
+    assert "sit below the noise floor" in result.pattern and "checked instead at" in result.pattern
+    assert "* 0.1 (the same signs, scaled toward 0)" in result.pattern
+    assert "note " in report.summary()
+
+
+def test_a_wrong_softmax_on_confident_logits_fails_where_the_error_shows():
+    class SoftmaxSignFlipped(layers.Softmax):
+        @staticmethod
+        def backward(ctx, g):
+            (p,) = ctx.saved_tensors
+            return p * (g + (g * p).sum(axis=-1, keepdims=True))
+
+    result = failing(SoftmaxSignFlipped.apply, (layers.confident_logits(margin=95.0),)).per_tensor["z"]
+    assert result.pattern.startswith("checked at z * 0.1, because at the given input"), result.pattern
+    assert result.n_fail == result.checked and "mask" not in result.hint

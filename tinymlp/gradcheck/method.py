@@ -58,7 +58,7 @@ import numpy as np
 from ..grad_mode import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
-from . import blame, checks, precision, state, ties
+from . import blame, checks, conditioning, precision, state, ties
 from .degenerate import degenerate_inputs
 from .diagnose import diagnose, diagnose_across, explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
@@ -323,12 +323,18 @@ def check_gradients(run) -> dict:
         a = np.zeros(c.tensor.shape) if missing else grads[c.name].astype(np.float64)
         linear = checks.scales_linearly(grads[c.name], grads2.get(c.name), grads0.get(c.name),
                                         run.plan.check_dtype)
-        elements = compare_tensor(run, c, result, a, np.random.default_rng(run.seeds[k]))
-        if result.n_fail:  # can the numerical side be trusted?
-            result.trust = checks.stability(run, c, elements)
-            checks.lost_precision(run, c, result, elements, classify)
-            precision.float32_failure(run, c, result, elements, classify)
-        diagnose(run, c, result, elements, missing, linear)
+        rng = np.random.default_rng(run.seeds[k])
+        elements = compare_tensor(run, c, result, a, rng)
+        if conditioning.saturated(result):  # gradients below the noise floor: look where they are not
+            elements = conditioning.recheck(run, c, result, lambda r, a, c=c, rng=rng: compare_tensor(
+                run, c, r, a, rng)) or elements
+        with conditioning.at(run, c, result):  # at the values the check moved to, if it moved
+            if result.n_fail:  # can the numerical side be trusted?
+                result.trust = checks.stability(run, c, elements)
+                checks.lost_precision(run, c, result, elements, classify)
+                precision.float32_failure(run, c, result, elements, classify)
+            diagnose(run, c, result, elements, missing, linear)
+        conditioning.explain(c, result)
     diagnose_across(run, results)
     blame.name_sources(run, results)
     run.working_restored = all(same_bits(c.tensor.data, checks.working_snapshot(run, c)) for c in run.checked)

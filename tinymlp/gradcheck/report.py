@@ -87,6 +87,7 @@ class TensorResult:
     block_promise: str = ""  # sampled mode: which wrong elements the blocks are sure to catch
     worst: list = field(default_factory=list)  # the worst ElementChecks, worst first
     ties: list = field(default_factory=list)  # groups of tied kink elements moved together (ties.Tie)
+    rescaled: tuple | None = None  # (factor, why) when checked at the tensor's values times factor
     numerical: np.ndarray | None = None  # float64, NaN where not checked (sampled mode)
     analytical: np.ndarray | None = None
 
