@@ -18,6 +18,8 @@ from tinymlp.gradcheck.blame import reference_function
 import gradcheck_layers as layers
 from gradcheck_layers import leaf
 
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:invalid value encountered:RuntimeWarning")  # the layers' own
 
 def check(fn, inputs, **options):
     with warnings.catch_warnings():
@@ -204,3 +206,28 @@ def test_a_wrong_softmax_on_confident_logits_fails_where_the_error_shows():
     result = failing(SoftmaxSignFlipped.apply, (layers.confident_logits(margin=95.0),)).per_tensor["z"]
     assert result.pattern.startswith("checked at z * 0.1, because at the given input"), result.pattern
     assert result.n_fail == result.checked and "mask" not in result.hint
+
+
+# ----------------------------------------------------------------------------- overflow
+
+
+def test_a_float32_backward_overflowing_fails_and_names_the_overflow():
+    report = failing(layers.SoftmaxNoMaxBackward.apply, (leaf((3, 6), 9, shift=90.0, dtype="float32"),))
+    z = report.per_tensor["z"]
+    assert z.verdict == "FAIL" and z.hint_kind == "overflow", report.summary()
+    assert z.hint.startswith("an overflow in the float32 backward: exp overflows float32 above x = 88.7")
+    assert "float32_backward" not in report.warning_kinds
+    assert report.summary().startswith("tinymlp.gradcheck FAILED")
+
+
+def test_nan_from_an_overflow_is_called_an_overflow_not_zero_over_zero():
+    float32 = failing(layers.SoftmaxNoMaxBackward.apply, (leaf((3, 6), 9, shift=90.0, dtype="float32"),),
+                      dtype=None).per_tensor["z"]
+    assert float32.hint_kind == "overflow" and "not 0/0" in float32.hint and "88.7" in float32.hint, float32.hint
+    float64 = failing(layers.SoftmaxNoMaxBackward.apply, (leaf((3, 6), 9, shift=800.0),)).per_tensor["z"]
+    assert float64.hint_kind == "overflow" and "exp overflows float64 above x = 709.8" in float64.hint, float64.hint
+    assert "0/0 in softmax" not in float64.hint
+
+
+def test_a_correct_float32_softmax_at_large_logits_passes():
+    passing(layers.Softmax.apply, (leaf((3, 6), 9, shift=90.0, dtype="float32"),))

@@ -17,8 +17,8 @@ failing elements have in common, most specific clue first:
   range of a / n, an error proportional to an input times g, an error shaped by a reduction
   over each row or over the wrong axis: ``rows.py``).
 
-``explain_engine_error`` does the same for a gradient the engine rejected outright (wrong
-shape or dtype: a transpose, a broadcast input whose gradient was not summed).
+``rejected.py`` does the same for a gradient the engine rejected outright (wrong shape or
+dtype: a transpose, a broadcast input whose gradient was not summed).
 A ``hint_kind`` names each diagnosis (``HINT_KINDS``) so that tests can assert on it.
 """
 
@@ -32,6 +32,7 @@ import numpy as np
 from ..backend import to_device
 from . import hints, ties
 from .broadcast import summed_over
+from .precision import nan_cause
 from .report import FAIL, PASS
 from .rows import row_hint, wrong_axis
 
@@ -41,7 +42,7 @@ def diagnose(run, c, result, checks, missing, linear):
     if not linear and result.verdict != "FAIL":  # backward(2g) != 2 backward(g) is a failure in itself
         result.verdict = "FAIL"
         result.worst = [ch for ch in result.worst if ch.status == FAIL]
-    if result.hint_kind in ("low_precision", "precision_loss"):  # checks.lost_precision or precision.py said it
+    if result.hint_kind in ("low_precision", "precision_loss", "overflow"):  # lost_precision or precision.py said it
         return
     if result.verdict == "NONDIFF":
         _explain_kink(run, c, result)
@@ -84,9 +85,11 @@ def _explain_failure(run, c, result, checks, missing, linear):
 
     if not np.isfinite(a).all():
         bad = [tuple(int(i) for i in idx) for idx in np.argwhere(~np.isfinite(a))[:3]]
-        result.hint_kind = "nan"
-        result.hint = (f"NaN/inf in backward at {name}{bad} "
-                       "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)")
+        overflow = nan_cause(run, a)
+        result.hint_kind = "nan" if overflow is None else "overflow"
+        result.hint = (f"NaN/inf in backward at {name}{bad} " + (
+            "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)" if overflow is None else
+            f"from an overflow, not 0/0: {overflow}"))
     elif any(t.status == FAIL for t in result.ties):
         result.hint_kind = "ties"
         result.pattern, result.hint = ties.describe(c, result.ties)
@@ -534,85 +537,3 @@ def _location(checks, shape, name):
                 "one branch is missing from backward: only part of the axis is wrong "
                 "(a split/gate half treated as a constant, a dropped term of a sum)")
     return None
-
-
-# ------------------------------------------------------------------------------- engine errors
-
-
-def explain_engine_error(result, parsed, input_names=(), shapes=None):
-    """The engine rejected the gradient backward produced for this tensor (shape or dtype).
-
-    ``input_names`` (forward's inputs, in order) and ``shapes`` ({checked name: shape}) let the
-    hint say when a gradient has the shape of another input: gradients returned out of order.
-    """
-    result.verdict, result.error = "FAIL", parsed["text"]
-    result.pattern = f"backward raised: {parsed['text']}"
-    if parsed["kind"] == "count":  # the engine counted: fewer gradients than inputs
-        result.hint_kind = "too_few_gradients"
-        got = int(parsed["got"])
-        result.hint = (f"{parsed['fn']}.backward returned {got} gradient{'s' * (got != 1)} for {parsed['want']} "
-                       "inputs: return one gradient per input of forward, in order (None where none is needed)")
-        return
-    if parsed["kind"] == "dtype":
-        way = "downcast" if np.dtype(parsed["got"]).itemsize < np.dtype(parsed["want"]).itemsize else "upcast"
-        result.pattern = (f"backward raised: {parsed['fn']}.backward returned a {parsed['got']} gradient for a "
-                          f"{parsed['want']} input (a {way})")
-        result.hint = (f"{parsed['fn']}.backward returns a {parsed['got']} gradient for a {parsed['want']} "
-                       "input: a constant or astype of another dtype in backward; keep the input's dtype")
-        return
-    got, want = parsed["got"], parsed["want"]
-    others = [name for name, shape in (shapes or {}).items() if name != result.name and tuple(shape) == tuple(got)]
-    axes = _broadcast_axes(got, want)
-    if len(got) == len(want) >= 2 and got == want[:-2] + (want[-1], want[-2]):
-        result.hint_kind = "transpose"
-        result.hint = (f"{parsed['fn']}.backward returned the transpose {got} of the expected {want}: "
-                       "a weight gradient like g.T @ x instead of x.T @ g (or W vs W.T)")
-    elif axes is not None:
-        result.hint_kind = "broadcast_not_summed"
-        summed, keep, numpy_rule = axes
-        which = (f"axis {summed[0]} (g.sum(axis={summed[0]}))" if len(summed) == 1
-                 else f"axes {summed} (g.sum(axis={summed}))")
-        result.hint = (f"{parsed['fn']}.backward returned shape {got} for an input of shape {want}: forward "
-                       f"broadcast the input, so sum the gradient over {which}"
-                       + (f" with keepdims=True for the stretched size-1 axes {keep}" if keep else "")
-                       + ("; autograd.unbroadcast(grad, shape) does exactly this" if numpy_rule else
-                          "; forward used it with a new axis inside (like b[:, None])"))
-    elif others:
-        order = ", ".join(input_names) if input_names else ", ".join(shapes)
-        result.hint_kind = "wrong_order"
-        result.hint = (f"the gradient returned for {result.name!r} has the shape of {others[0]!r} {tuple(got)}: "
-                       f"{parsed['fn']}.backward returns the gradients in another order than forward takes its "
-                       f"inputs; return one gradient per input in forward's order ({order})")
-    else:
-        result.hint_kind = "wrong_shape"
-        result.hint = f"{parsed['fn']}.backward returned a gradient of shape {got} for an input of {want}"
-
-
-def _broadcast_axes(got, want):
-    """How a gradient of shape ``got`` sums down to ``want``: (axes to sum, of which the size-1
-    axes kept, True when NumPy's broadcasting rule explains it), or None if no sum does.
-
-    First NumPy's rule (``want`` aligned on the right); then ``want`` found inside ``got`` in
-    order, for an input that forward reshaped before broadcasting (``b[:, None]``).
-    """
-    extra = len(got) - len(want)
-    if extra < 0:
-        return None
-    axes, keep, ok = list(range(extra)), [], True
-    for k, (g, w) in enumerate(zip(got[extra:], want)):
-        if g != w:
-            if w != 1:
-                ok = False
-                break
-            axes.append(extra + k)
-            keep.append(extra + k)
-    if ok:
-        return (tuple(axes), tuple(keep), True) if axes else None
-    positions, k = [], 0
-    for axis, g in enumerate(got):  # the leftmost embedding of want in got
-        if k < len(want) and g == want[k]:
-            positions.append(axis)
-            k += 1
-    if k < len(want):
-        return None
-    return tuple(a for a in range(len(got)) if a not in positions), (), False

@@ -60,7 +60,8 @@ from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
 from . import blame, checks, conditioning, precision, state, ties
 from .degenerate import degenerate_inputs
-from .diagnose import diagnose, diagnose_across, explain_engine_error
+from .diagnose import diagnose, diagnose_across
+from .rejected import explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
 from .report import (
     FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, GradcheckWarning, Settings,

@@ -18,7 +18,7 @@ HINT_KINDS = (
     "ignored_by_forward", "row_constant", "row_terms", "swapped_halves", "wrong_order", "shared_intermediate",
     "row_multiple", "batch_mixed", "factor_of_input", "row_factor", "repeated_index", "precision_loss",
     "wrong_axis", "changed_in_place", "block_constant", "block_multiple", "block_terms", "wrong_extent",
-    "summed_over_wrong_axis", "ties",
+    "summed_over_wrong_axis", "ties", "overflow",
 )
 """The values ``TensorResult.hint_kind`` can take (besides None)."""
 
