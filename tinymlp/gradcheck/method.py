@@ -37,16 +37,22 @@ This file is the method, top to bottom. ``help(tinymlp.gradcheck)`` says how to 
    difference: it may excuse a difference but never certify one. A tensor is FAIL if any element
    fails, INCONCLUSIVE if at least half of its checks are unverified, NONDIFF if its only
    failures sit on a kink (ReLU at 0: reported, not a failure unless ``strict_kinks``), else ok.
+   Elements that tie at a kink (a max-pool's tied maxima) are moved together first: along that
+   direction the function is smooth, and backward's sum over the tie must match it. A tensor
+   whose checks mostly sit below the noise floor (a saturated softmax) is checked again at its
+   values scaled toward 0, and the report says so.
 
 Around the method (beside it in ``tinymlp/gradcheck/``): ``plan.py`` names and copies what is checked;
 ``checks.py`` verifies that the forward can be differentiated at all (deterministic, float64
 throughout, inputs unmodified) and that backward is linear in ``g``, samples large tensors, and
-asks whether a failing numerical estimate can be trusted (kinks, eps, lost precision);
-``state.py`` calls forward on other inputs in between (state kept from call to call, a saved
-buffer the next call overwrites); ``precision.py`` runs a float32 layer's backward in float32
-too; ``degenerate.py`` warns of inputs where whole classes of bugs cannot show; ``diagnose.py``
-(with ``hints.py`` and ``rows.py``) writes the ``pattern`` / ``likely`` lines; ``report.py`` the
-report itself.
+asks whether a failing numerical estimate can be trusted (eps, lost precision); ``ties.py``
+finds kinks and checks ties; ``conditioning.py`` moves a saturated check; ``blame.py`` watches
+backward node by node (a Function that changes its incoming gradient in place) and names each
+Function by its reference; ``state.py`` calls forward on other inputs in between (state kept
+from call to call, a saved buffer the next call overwrites); ``precision.py`` runs a float32
+layer's backward in float32 too; ``degenerate.py`` warns of inputs where whole classes of bugs
+cannot show; ``diagnose.py`` (with ``hints.py``, ``rows.py``, ``broadcast.py`` and
+``rejected.py``) writes the ``pattern`` / ``likely`` lines; ``report.py`` the report itself.
 """
 
 from __future__ import annotations
@@ -120,6 +126,8 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
       transpose, which rows, where the input is positive, ...), ``likely`` (the bug that usually
       produces that pattern), ``from`` (the Function whose backward produced that gradient) and
       ``trust`` (is the numerical side reliable? it is recomputed with eps x10 and /10);
+    * a ``note`` for a tensor that is ok with something to say, such as a check made at its
+      values scaled toward 0 because forward is saturated at the given ones;
     * ``reproduce:``, the call that repeats the check.
 
     ``report.hint_kinds`` names the diagnoses (``HINT_KINDS``) for tests; ``tinymlp.testing.
