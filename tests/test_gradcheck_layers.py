@@ -172,7 +172,8 @@ def test_a_correct_max_pool_with_ties_passes_and_says_the_ties_were_checked():
     report = passing(layers.MaxPool1d.apply, (layers.after_relu((2, 3, 8), 12),))
     x = report.per_tensor["x"]
     assert x.verdict == "NONDIFF"
-    assert "7 tied group(s)" in x.pattern and "moved together each agrees with backward" in x.pattern
+    assert "7 tied group(s)" in x.pattern and "moved together they agree with backward" in x.pattern
+    assert "the ties are handled consistently; this is not a backward bug" in x.hint
 
 
 def test_several_relu_kinks_at_zero_are_not_taken_for_a_tie():

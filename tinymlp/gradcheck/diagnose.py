@@ -66,8 +66,14 @@ def _explain_kink(run, c, result):
                    f"non-differentiable point (ReLU/abs/max/clip): the numerical {ch.numerical:.3g} "
                    "averages the two one-sided slopes; this is not a backward bug. "
                    "Draw inputs away from the kink")
+    tied = sum(len(t.positions) for t in result.ties)
     if result.ties:
         result.pattern += "; " + ties.describe(c, result.ties)[1]
+    if tied == result.n_nondiff and all(t.status == PASS for t in result.ties):
+        result.hint = ("every element at a kink belongs to a tie (a max over equal values, such as zeros after a "
+                       "ReLU): alone each averages two one-sided slopes, and moved together the tied elements are "
+                       "smooth and agree with backward, so the ties are handled consistently; this is not a "
+                       "backward bug")
 
 
 def _explain_failure(run, c, result, checks, missing, linear):

@@ -143,8 +143,8 @@ def describe(c, found):
 
     listed = "; ".join(where(t) for t in (bad or found)[:2]) + ("; ..." if len(bad or found) > 2 else "")
     if not bad:
-        return None, (f"{len(found)} tied group(s) ({listed}) sit at a kink one by one, and moved together each "
-                      "agrees with backward: ties are handled consistently")
+        return None, (f"{len(found)} tied group(s) ({listed}) sit at a kink one by one, and moved together they "
+                      "agree with backward: ties are handled consistently")
     ratios = np.array([t.analytical / t.numerical for t in bad if t.numerical != 0])
     sizes = sorted({len(t.positions) for t in bad})
     pattern = (f"{len(bad)} of {len(found)} tied group(s) ({listed}) sit at a kink one by one, but moved together "
