@@ -1,9 +1,11 @@
-"""What a passing default ``gradcheck`` costs, on layers a student checks: median seconds per call.
+"""What a passing default ``gradcheck`` costs, on layers a student checks: forwards and CPU time per call.
 
 Each case is a correct layer checked with the default options (so every check a passing call
-makes is timed: forward sanity, backward three times and once watched, the state checks, the
-finite differences, ties at kinks). ``--code DIR`` imports tinymlp from DIR instead of this
-checkout, so that two versions can be timed in turn on the same machine:
+makes is counted: forward sanity, backward three times and once watched, the state checks, the
+finite differences, ties at kinks). The number of forward calls is exact and machine-independent
+(the finite differences are nearly all of the cost); the CPU time per call is the fastest and the
+median of ``--repeat`` calls (the median moves by 20 % on a busy machine). ``--code DIR`` imports
+tinymlp from DIR instead of this checkout, so that two versions can be timed in turn:
 
     git archive <commit> tinymlp | tar -x -C /tmp/old
     python benchmarks/gradcheck_cost.py --code /tmp/old
@@ -55,17 +57,61 @@ def main(argv=None):
 
     import gradcheck_layers as layers
 
-    print(f"tinymlp from {os.path.dirname(tinymlp.__file__)}; median of {args.repeat} calls")
+    from tinymlp.gradcheck.method import Evaluator
+
+    calls = [0]
+    outputs = Evaluator.outputs
+
+    def counted(self):
+        calls[0] += 1
+        return outputs(self)
+
+    Evaluator.outputs = counted  # counts every forward the check makes
+    print(f"tinymlp from {os.path.dirname(tinymlp.__file__)}; CPU time over {args.repeat} calls")
+    print(f"  {'case':<46} {'forwards':>8} {'fastest':>9} {'median':>9}")
     for name, (fn, inputs) in cases(tinymlp, layers).items():
         times = []
         for _ in range(args.repeat + 1):
-            start = time.perf_counter()
+            calls[0] = 0
+            start = time.process_time()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 report = tinymlp.gradcheck(fn, inputs, raise_on_fail=False)
-            times.append(time.perf_counter() - start)
+            times.append(time.process_time() - start)
         assert report.passed, report.summary()
-        print(f"  {name:<52} {1000 * statistics.median(times[1:]):8.1f} ms")
+        times = times[1:]  # the first call compiles and caches
+        print(f"  {name:<46} {calls[0]:8d} {1000 * min(times):7.1f}ms {1000 * statistics.median(times):7.1f}ms")
+    if os.path.exists(os.path.join(os.path.dirname(tinymlp.__file__), "gradcheck", "blame.py")):
+        watch_cost(tinymlp)
+
+
+def watch_cost(tinymlp, repeat=200):
+    """The one step a passing check adds besides forwards: a backward watched node by node
+    (``gradcheck/blame.py``), against a plain backward through the same graph."""
+    import numpy as np
+
+    from tinymlp import nn
+    from tinymlp.grad_mode import enable_grad
+    from tinymlp.gradcheck.blame import Watch, graph_nodes
+
+    rng = np.random.default_rng(0)
+    layer = nn.MultiHeadSelfAttention(8, 2, rng=rng)
+    x = tinymlp.tensor(rng.normal(size=(2, 4, 8)), requires_grad=True, dtype="float64")
+    g = rng.normal(size=(2, 4, 8))
+
+    def once(watched):
+        with enable_grad():
+            y = layer(x)
+        start = time.process_time()
+        watch = Watch(graph_nodes([y])) if watched else None
+        y.backward(g.copy(), retain_graph=True)
+        if watch is not None:
+            watch.restore()
+        return time.process_time() - start
+
+    plain, watched = zip(*[(once(False), once(True)) for _ in range(repeat)])
+    print(f"  one backward of nn.MultiHeadSelfAttention(8,2): {1e6 * statistics.median(plain):.0f} us plain, "
+          f"{1e6 * statistics.median(watched):.0f} us watched node by node (once per gradcheck call)")
 
 
 if __name__ == "__main__":
