@@ -96,8 +96,8 @@ def watch_cost(tinymlp, repeat=200):
 
     rng = np.random.default_rng(0)
     layer = nn.MultiHeadSelfAttention(8, 2, rng=rng)
-    x = tinymlp.tensor(rng.normal(size=(2, 4, 8)), requires_grad=True, dtype="float64")
-    g = rng.normal(size=(2, 4, 8))
+    x = tinymlp.tensor(rng.normal(size=(2, 4, 8)), requires_grad=True)  # float32, as the layer's weights
+    g = rng.normal(size=(2, 4, 8)).astype(np.float32)
 
     def once(watched):
         with enable_grad():
