@@ -406,10 +406,11 @@ def lost_precision(run, c, result, elements, classify):
         result.hint = (f"float32 inside forward, and backward looks wrong too: {at32} elements only")
 
 
-def ignored_by_forward(run, c, flat_index):
+def ignored_by_forward(run, c, flat_index, to_zero=False):
     """For each element: does forward ignore it? Moving it by half its size (at least 0.5) up
     and down leaves L bit for bit unchanged: a masked position, not rounding (a float32 step of
-    1e-9 is lost, one of 0.5 never is)."""
+    1e-9 is lost, one of 0.5 never is). ``to_zero``: setting it to 0 must leave L unchanged too,
+    which a mask does and a saturated output (tanh at 40, a softmax ahead by 95) does not."""
     flat = c.tensor.data.reshape(-1)
     values = host(flat)[flat_index]
     out = np.zeros(len(flat_index), dtype=bool)
@@ -418,7 +419,7 @@ def ignored_by_forward(run, c, flat_index):
             for k, (i, v) in enumerate(zip(np.asarray(flat_index).tolist(), values.tolist())):
                 step = 0.5 * max(1.0, abs(v))
                 same = True
-                for moved in (v + step, v - step):
+                for moved in (v + step, v - step) + ((0.0,) if to_zero else ()):
                     flat[i] = moved
                     same = same and run.ev.loss_host() == run.L0
                 flat[i] = v
