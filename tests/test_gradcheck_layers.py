@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tinymlp
-from tinymlp import gradcheck
+from tinymlp import Function, gradcheck, nn
 from tinymlp.gradcheck import GradcheckWarning
 from tinymlp.gradcheck.blame import reference_function
 
@@ -131,6 +131,25 @@ def test_a_mask_dropped_in_backward_is_named_although_other_elements_fail_too():
         assert other.hint_kind == "shared_intermediate" and "mask missing in backward" in other.hint, other.hint
 
 
+def test_a_saturated_output_is_not_taken_for_a_mask():
+    class TanhExtraTerm(Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = np.tanh(x)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return g * (1 - y * y) + 0.1 * g
+
+    x = leaf((3, 4), 0)
+    x.data[0, :2] = 40.0  # tanh is 1.0 to the last bit there, and for 20 or 60 too
+    result = failing(TanhExtraTerm.apply, (x,)).per_tensor["x"]
+    assert result.hint_kind != "ignored_by_forward" and "mask" not in result.hint, result.hint
+
+
 def test_a_correct_causal_attention_passes():
     passing(layers.CausalAttention.apply, attention_inputs())
 
@@ -150,6 +169,24 @@ def test_a_parameter_summed_over_the_wrong_axis_names_both_axes(layer, x_shape, 
     assert f"its gradient is the sum over {right} of one contribution per position" in result.pattern
     assert f"backward's gradient is exactly their sum over {wrong}" in result.pattern
     assert result.hint.startswith(f"the gradient of 'beta' is summed over {wrong} where {right} belong")
+
+
+class SwishLayer(nn.Module):
+    """A student's layer around the Function, with beta a parameter (checked by its dotted name)."""
+
+    def __init__(self, function, channels):
+        super().__init__()
+        self.function = function
+        self.beta = nn.Parameter(np.random.default_rng(5).normal(size=channels) * 0.5 + 1.0)
+
+    def forward(self, x):
+        return self.function.apply(x, self.beta)
+
+
+def test_a_module_parameter_summed_over_the_wrong_axis_is_named_too():
+    result = failing(SwishLayer(layers.SwishBetaWrongAxis, 5), (leaf((5, 5), 4),)).per_tensor["beta"]
+    assert result.kind == "param" and result.hint_kind == "summed_over_wrong_axis", result.hint
+    assert "summed over axis 1 where axis 0 belongs" in result.hint
 
 
 def test_a_correct_swish_with_a_learnt_beta_passes():
