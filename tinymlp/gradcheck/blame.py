@@ -40,6 +40,15 @@ def reference_function(fn):
     return fn
 
 
+def reference_name(name):
+    """The reference Function's name for a class name the engine reported (a fast-tier class's
+    name becomes its reference's; any other name stays)."""
+    for (reference, _device), impl in dispatch.registered().items():
+        if isinstance(impl, type) and impl.__name__ == name and isinstance(reference, type):
+            return reference.__name__
+    return name
+
+
 def function_name(node):
     """The name of the reference Function behind a graph node (a Context)."""
     fn = getattr(node, "fn", None)

@@ -24,6 +24,7 @@ import numpy as np
 from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
 from ..contract import GradientMismatchError, MixedPrecisionError
+from .blame import reference_name
 from .diagnose import dimension_sizes
 from .plan import close_bits, host, same_bits, working_array
 from .report import FAIL, NONDIFF, UNVERIFIED, TensorResult
@@ -165,7 +166,7 @@ def _engine_complaint(err, check_dtype):
     """
     if not isinstance(err, GradientMismatchError):
         raise err
-    parsed = {"kind": err.kind, "fn": err.fn, "got": err.got, "want": err.expected, "text": str(err)}
+    parsed = {"kind": err.kind, "fn": reference_name(err.fn), "got": err.got, "want": err.expected, "text": str(err)}
     if parsed["kind"] == "dtype" and check_dtype is not None and parsed["got"] == str(check_dtype) \
             and np.dtype(parsed["want"]).itemsize < check_dtype.itemsize:
         raise Fatal("unpromoted_tensor", _UNPROMOTED.format(dtype=parsed["want"], text=parsed["text"]))
