@@ -398,7 +398,7 @@ def test_too_few_gradients_reports_both_counts():
 
 def test_too_few_gradients_counted_by_the_engine_is_reported():
     """When the engine itself counts (GradientMismatchError kind "count"), the report says so."""
-    from tinymlp.gradcheck.diagnose import explain_engine_error
+    from tinymlp.gradcheck.rejected import explain_engine_error
     from tinymlp.gradcheck import TensorResult
 
     result = TensorResult("w", "input", (2, 3), "float64")

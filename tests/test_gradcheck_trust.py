@@ -372,10 +372,10 @@ def test_a_float32_check_calls_precision_loss_precision_not_off_by_one():
 
 def test_an_exp_overflowing_in_a_float32_backward_is_named():
     x = leaf((3, 6), 9, shift=90.0, dtype="float32")
-    report = check(SoftmaxNoMaxBackward.apply, (x,))
-    assert report.passed and "float32_backward" in report.warning_kinds, report.summary()
-    text = dict(report.warnings)["float32_backward"]
-    assert "not finite" in text and "exp" in text and "88.7" in text, text
+    report = failing(SoftmaxNoMaxBackward.apply, (x,))  # a float32 layer whose backward gives NaN fails
+    result = report.per_tensor["x"]
+    assert result.hint_kind == "overflow" and "float32_backward" not in report.warning_kinds, report.summary()
+    assert "inf or NaN" in result.pattern and "exp" in result.hint and "88.7" in result.hint, result.hint
 
 
 def test_correct_float32_layers_get_no_precision_warning():

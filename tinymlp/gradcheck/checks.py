@@ -3,33 +3,28 @@
 * ``check_forward``: forward is deterministic, keeps float64, leaves its inputs alone; then the
   upstream gradient is drawn and the noise floor measured;
 * ``analytic``: the gradients backward produces (each tensor alone when the engine rejects one);
-  ``scales_linearly``: backward(2g) == 2 backward(g) and backward(0) == 0; ``backward_in_place``:
-  backward leaves its incoming gradient and the arrays forward saved alone, and gives the same
-  gradients twice through one graph;
+  ``scales_linearly``: backward(2g) == 2 backward(g) and backward(0) == 0 (``blame.py`` watches
+  backward for arrays it changes in place);
 * ``sample_positions`` / ``directional`` / ``blocks`` / ``locate``: what sampled mode checks on a
   large tensor (every element is in a block checked along random +-1 signs, small gradients in
   small blocks), and how a failing block is halved down to its wrong elements;
-* ``kinks``, ``stability``, ``lost_precision`` and ``ignored_by_forward``: can the numerical
-  side be trusted for a failing element (a kink within eps, an estimate that moves with eps, a
-  forward that computes in float32 inside, an element that forward does not use at all)?
-* ``summarize``: the counts, verdict and worst elements of one tensor;
-* ``name_sources``: the Function whose backward computed a failing gradient (the "from" line),
-  and whether it returned fewer gradients than its Function has inputs.
+* ``stability``, ``lost_precision`` and ``ignored_by_forward``: can the numerical side be
+  trusted for a failing element (an estimate that moves with eps, a forward that computes in
+  float32 inside, an element that forward does not use at all; kinks and ties: ``ties.py``)?
+* ``summarize``: the counts, verdict and worst elements of one tensor.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 
 import numpy as np
 
-from .. import graph
 from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
 from ..contract import GradientMismatchError, MixedPrecisionError
-from ..tensor import Tensor
+from .blame import reference_name
 from .diagnose import dimension_sizes
 from .plan import close_bits, host, same_bits, working_array
 from .report import FAIL, NONDIFF, UNVERIFIED, TensorResult
@@ -57,6 +52,7 @@ class Run:
         self.sizes = {}  # dimension size -> where it comes from (for mean-vs-sum hints)
         self.problems = []  # (kind, message) about the forward as a whole
         self.working_restored = True
+        self.changed_in_place = {}  # checked name -> (sentence, Function) when its gradient was changed in place
 
 
 # ------------------------------------------------------------------------------- the forward
@@ -170,7 +166,7 @@ def _engine_complaint(err, check_dtype):
     """
     if not isinstance(err, GradientMismatchError):
         raise err
-    parsed = {"kind": err.kind, "fn": err.fn, "got": err.got, "want": err.expected, "text": str(err)}
+    parsed = {"kind": err.kind, "fn": reference_name(err.fn), "got": err.got, "want": err.expected, "text": str(err)}
     if parsed["kind"] == "dtype" and check_dtype is not None and parsed["got"] == str(check_dtype) \
             and np.dtype(parsed["want"]).itemsize < check_dtype.itemsize:
         raise Fatal("unpromoted_tensor", _UNPROMOTED.format(dtype=parsed["want"], text=parsed["text"]))
@@ -185,83 +181,6 @@ def scales_linearly(a1, a2, a0, dtype):
         return True  # the NaN hint says more
     tol = (1e-8 if dtype is None or dtype.itemsize >= 8 else 1e-4) * max(np.abs(a1).max(initial=0), 1e-300)
     return bool(np.abs(a2 - 2 * a1).max(initial=0) <= 2 * tol and np.abs(a0).max(initial=0) <= tol)
-
-
-def backward_in_place(run):
-    """Problems of a backward that changes arrays it does not own, found on one more graph.
-
-    Before backward: copies of the upstream gradients and of every array the graph's Functions
-    saved (``ctx.saved_tensors`` and array attributes of ctx). After it: anything changed is a
-    problem, named after its Function. Then backward runs a second time through the same graph
-    and must give the same gradients (it would not if it changed something else it relies on).
-    """
-    checked = run.checked
-    for c in checked:
-        c.tensor.grad = None
-    with enable_grad():
-        outputs = run.ev.outputs()
-    nodes = graph_nodes(outputs)
-    saved = {id(node): arrays_of(node) for node in nodes}
-    before = {key: [(label, arr, host(arr).copy()) for label, arr in arrays] for key, arrays in saved.items()}
-    upstream = [g.reshape(y.shape).copy() for y, g in zip(outputs, run.ev.upstream)]
-    given = [u.copy() for u in upstream]
-    for y, g in zip(outputs, given):
-        if y.requires_grad:
-            y.backward(g, retain_graph=True)
-    first = {c.name: None if c.tensor.grad is None else host(c.tensor.grad).copy() for c in checked}
-    problems = []
-    for y, g, u in zip(outputs, given, upstream):
-        if y.requires_grad and not same_bits(g, u) and y.grad_fn is not None and hasattr(y.grad_fn, "fn"):
-            name = function_name(y.grad_fn)
-            problems.append(("mutated_upstream",
-                             f"{name}.backward changed its incoming gradient in place (g *= ..., g[...] = ...): "
-                             "the engine may hand that array to other Functions too; compute the result in a "
-                             "new array (g = g * ...)"))
-    for node in nodes:
-        for label, arr, copy in before[id(node)]:
-            if not same_bits(arr, copy):
-                problems.append(("mutated_saved",
-                                 f"{function_name(node)}.backward changed {label} in place: a second backward "
-                                 "through this graph (retain_graph=True) would use the changed values; compute "
-                                 "into a new array (y = y * y, not y *= y)"))
-    if not problems:
-        for c in checked:
-            c.tensor.grad = None
-        for y, g in zip(outputs, upstream):
-            if y.requires_grad:
-                y.backward(g.copy(), retain_graph=True)
-        again = {c.name: None if c.tensor.grad is None else host(c.tensor.grad) for c in checked}
-        differ = [name for name in first if (first[name] is None) != (again[name] is None)
-                  or (first[name] is not None and not close_bits(first[name], again[name]))]
-        if differ:
-            problems.append(("not_repeatable",
-                             f"a second backward through the same graph gave other gradients for "
-                             f"{', '.join(map(repr, differ))}: backward changes something it relies on (an "
-                             "array kept on ctx, a global) in place; compute into new arrays"))
-    return problems
-
-
-def graph_nodes(outputs):
-    """The Function nodes (Contexts) of the graph behind the outputs that can still run
-    backward, outputs first (``graph.ops`` in reverse)."""
-    return list(reversed(graph.ops(*[y for y in outputs if isinstance(y, Tensor)])))
-
-
-def arrays_of(node):
-    """(label, array) for each array a node keeps for backward: saved tensors, then ctx attributes."""
-    arrays = [(f"ctx.saved_tensors[{i}]", a) for i, a in enumerate(getattr(node, "saved_tensors", ()) or ())
-              if hasattr(a, "shape") and hasattr(a, "dtype")]
-    known = {id(a) for _, a in arrays}
-    for key, value in vars(node).items():
-        if (key not in ("saved_tensors", "fingerprints") and hasattr(value, "shape") and hasattr(value, "dtype")
-                and not isinstance(value, Tensor) and id(value) not in known):
-            arrays.append((f"ctx.{key}", value))
-    return arrays
-
-
-def function_name(node):
-    fn = getattr(node, "fn", None)
-    return getattr(getattr(fn, "reference", fn), "__name__", "a Function")
 
 
 def directional(run, c, a_host, rng):
@@ -403,17 +322,6 @@ def sample_positions(shape, n_coords, rng):
     return np.array(sorted(chosen), dtype=np.int64)
 
 
-def kinks(a, n, d_plus, d_minus, status, settings):
-    """Failing elements whose one-sided slopes disagree and bracket a: a kink within +-eps."""
-    atol = settings.atol_eff
-    with np.errstate(invalid="ignore"):
-        gap = np.abs(d_plus - d_minus)
-        lo, hi = np.minimum(d_plus, d_minus), np.maximum(d_plus, d_minus)
-        band = atol + settings.rtol * np.maximum(np.abs(d_plus), np.abs(d_minus))
-        kink = (gap > 1e-3 * np.maximum(1.0, np.abs(n)) + 2 * atol) & (a >= lo - band) & (a <= hi + band)
-    return (status == FAIL) & kink & np.isfinite(a) & np.isfinite(gap)
-
-
 def stability(run, c, elements):
     """Recompute the worst failing elements with eps x10 and /10: does the estimate move?"""
     settings = run.settings
@@ -499,10 +407,11 @@ def lost_precision(run, c, result, elements, classify):
         result.hint = (f"float32 inside forward, and backward looks wrong too: {at32} elements only")
 
 
-def ignored_by_forward(run, c, flat_index):
+def ignored_by_forward(run, c, flat_index, to_zero=False):
     """For each element: does forward ignore it? Moving it by half its size (at least 0.5) up
     and down leaves L bit for bit unchanged: a masked position, not rounding (a float32 step of
-    1e-9 is lost, one of 0.5 never is)."""
+    1e-9 is lost, one of 0.5 never is). ``to_zero``: setting it to 0 must leave L unchanged too,
+    which a mask does and a saturated output (tanh at 40, a softmax ahead by 95) does not."""
     flat = c.tensor.data.reshape(-1)
     values = host(flat)[flat_index]
     out = np.zeros(len(flat_index), dtype=bool)
@@ -511,7 +420,7 @@ def ignored_by_forward(run, c, flat_index):
             for k, (i, v) in enumerate(zip(np.asarray(flat_index).tolist(), values.tolist())):
                 step = 0.5 * max(1.0, abs(v))
                 same = True
-                for moved in (v + step, v - step):
+                for moved in (v + step, v - step) + ((0.0,) if to_zero else ()):
                     flat[i] = moved
                     same = same and run.ev.loss_host() == run.L0
                 flat[i] = v
@@ -561,48 +470,3 @@ def unchecked_result(c, problems):
              "stateful": "forward keeps state from call to call"}.get(kind, "the forward cannot be checked")
     return TensorResult(c.name, c.kind, tuple(c.snapshot.shape), c.dtype, verdict="INCONCLUSIVE",
                         hint=f"not checked: {short} (PROBLEM ({kind}) above)" if kind else "not checked")
-
-
-# ------------------------------------------------------------------------------- which Function
-
-
-def name_sources(run, results):
-    """For each failing tensor, the Function(s) whose backward computed its gradient.
-
-    The graph of one more forward is walked from the outputs to the checked tensor: the
-    Functions that took it as an input are the ones whose backward returned its gradient. A
-    tensor that got no gradient at all is asked about once more: did that backward return fewer
-    gradients than its Function has inputs?
-    """
-    failing = {id(c.tensor): c for c in run.checked if results[c.name].verdict == "FAIL"}
-    if failing:
-        try:
-            _name_sources(run, results, failing)
-        except Exception:  # noqa: BLE001 - a clue, never a reason for the check itself to fail
-            pass
-
-
-def _name_sources(run, results, failing):
-    with enable_grad():
-        outputs = run.ev.outputs()
-    uses = {}
-    for node in graph_nodes(outputs):
-        for i, parent in enumerate(getattr(node, "parents", ())):
-            if id(parent) in failing:
-                uses.setdefault(id(parent), []).append((node, i))
-    for key, c in failing.items():
-        result, found = results[c.name], uses.get(key, [])
-        names = sorted({f"{node.fn.__name__}.backward (its input {i}{_forward_name(node.fn, i)})"
-                        for node, i in found})
-        if names:
-            result.source = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def _forward_name(fn, i):
-    """`` 'w'``: the name of forward's i-th array parameter, or ''."""
-    try:
-        names = [p.name for p in inspect.signature(fn.forward).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
-    except (TypeError, ValueError):
-        return ""
-    return f" {names[i]!r}" if i < len(names) else ""

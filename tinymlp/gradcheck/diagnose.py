@@ -17,8 +17,8 @@ failing elements have in common, most specific clue first:
   range of a / n, an error proportional to an input times g, an error shaped by a reduction
   over each row or over the wrong axis: ``rows.py``).
 
-``explain_engine_error`` does the same for a gradient the engine rejected outright (wrong
-shape or dtype: a transpose, a broadcast input whose gradient was not summed).
+``rejected.py`` does the same for a gradient the engine rejected outright (wrong shape or
+dtype: a transpose, a broadcast input whose gradient was not summed).
 A ``hint_kind`` names each diagnosis (``HINT_KINDS``) so that tests can assert on it.
 """
 
@@ -30,7 +30,9 @@ import math
 import numpy as np
 
 from ..backend import to_device
-from . import hints
+from . import hints, ties
+from .broadcast import summed_over
+from .precision import nan_cause
 from .report import FAIL, PASS
 from .rows import row_hint, wrong_axis
 
@@ -40,7 +42,7 @@ def diagnose(run, c, result, checks, missing, linear):
     if not linear and result.verdict != "FAIL":  # backward(2g) != 2 backward(g) is a failure in itself
         result.verdict = "FAIL"
         result.worst = [ch for ch in result.worst if ch.status == FAIL]
-    if result.hint_kind in ("low_precision", "precision_loss"):  # checks.lost_precision or precision.py said it
+    if result.hint_kind in ("low_precision", "precision_loss", "overflow"):  # lost_precision or precision.py said it
         return
     if result.verdict == "NONDIFF":
         _explain_kink(run, c, result)
@@ -64,6 +66,14 @@ def _explain_kink(run, c, result):
                    f"non-differentiable point (ReLU/abs/max/clip): the numerical {ch.numerical:.3g} "
                    "averages the two one-sided slopes; this is not a backward bug. "
                    "Draw inputs away from the kink")
+    tied = sum(len(t.positions) for t in result.ties)
+    if result.ties:
+        result.pattern += "; " + ties.describe(c, result.ties)[1]
+    if tied == result.n_nondiff and all(t.status == PASS for t in result.ties):
+        result.hint = ("every element at a kink belongs to a tie (a max over equal values, such as zeros after a "
+                       "ReLU): alone each averages two one-sided slopes, and moved together the tied elements are "
+                       "smooth and agree with backward, so the ties are handled consistently; this is not a "
+                       "backward bug")
 
 
 def _explain_failure(run, c, result, checks, missing, linear):
@@ -81,9 +91,19 @@ def _explain_failure(run, c, result, checks, missing, linear):
 
     if not np.isfinite(a).all():
         bad = [tuple(int(i) for i in idx) for idx in np.argwhere(~np.isfinite(a))[:3]]
-        result.hint_kind = "nan"
-        result.hint = (f"NaN/inf in backward at {name}{bad} "
-                       "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)")
+        overflow = nan_cause(run, a)
+        result.hint_kind = "nan" if overflow is None else "overflow"
+        result.hint = (f"NaN/inf in backward at {name}{bad} " + (
+            "(0/0 in softmax, sqrt or log at 0, a division by a zero norm)" if overflow is None else
+            f"from an overflow, not 0/0: {overflow}"))
+    elif any(t.status == FAIL for t in result.ties):
+        result.hint_kind = "ties"
+        result.pattern, result.hint = ties.describe(c, result.ties)
+        result.trust = ("each tied group moved together has equal one-sided slopes: the numerical derivative along "
+                        "it is reliable, so backward is wrong there (one element alone sits at a kink)")
+    elif name in run.changed_in_place:
+        result.hint_kind = "changed_in_place"
+        result.hint = run.changed_in_place[name][0]
     elif not all(math.isfinite(ch.numerical) for ch in fails):
         result.hint = ("the numerical estimate is not finite: forward is NaN/inf near the inputs, "
                        "or the step is lost to rounding")
@@ -106,7 +126,7 @@ def _explain_failure(run, c, result, checks, missing, linear):
         ratio = _common_ratio(run, elements)
         location = _location(checks, c.tensor.shape, name)
         subset = _which_fail(c, checks)
-        if hints.repeated_index(run, c, result, checks):
+        if hints.repeated_index(run, c, result, checks) or summed_over(run, c, result):
             pass
         elif ratio is not None and (ratio[2] >= 2 or location is None) and _ratio_hint(run, c, result, elements,
                                                                                         *ratio):
@@ -136,22 +156,32 @@ def _explain_failure(run, c, result, checks, missing, linear):
 
 
 def _ignored_by_forward(run, c, result, elements):
-    """Every failing element has a numerical gradient of exactly 0 because forward ignores it."""
-    if not elements or any(ch.numerical != 0 for ch in elements):
+    """Failing elements whose numerical gradient is exactly 0 because forward ignores them (moving
+    one leaves the loss bit for bit unchanged) while backward gives them one: a mask missing from
+    backward, said even when other elements fail too (what the missing mask does where forward
+    does use the values)."""
+    zeros = [ch for ch in elements if ch.numerical == 0 and ch.analytical != 0]
+    if not zeros:
         return False
     from .checks import ignored_by_forward  # the probe moves inputs: it lives with the other checks
 
-    probe = elements[:16]
+    probe = zeros[:16]
     index = np.array([np.ravel_multi_index(ch.index, c.tensor.shape) if ch.index else 0 for ch in probe])
-    if not ignored_by_forward(run, c, index).all():
-        return False
-    where = ", ".join(ch.where(c.name) for ch in elements[:3]) + (" ..." if len(elements) > 3 else "")
+    if not ignored_by_forward(run, c, index, to_zero=True).all():
+        return False  # not a mask: forward is flat there only nearby (saturated)
+    where = ", ".join(ch.where(c.name) for ch in zeros[:3]) + (" ..." if len(zeros) > 3 else "")
     result.hint_kind = "ignored_by_forward"
-    result.pattern = (f"{len(elements)} of {len(elements)} failing elements ({where}) have a numerical gradient "
+    result.pattern = (f"{len(zeros)} of {len(elements)} failing elements ({where}) have a numerical gradient "
                       f"of exactly 0: moving one (by half its size) leaves the loss exactly unchanged, so forward "
                       "ignores them")
     result.hint = ("backward gives a gradient where forward has none (a mask or tril missing?): apply to the "
                    "gradient the same mask that forward applies to its input")
+    if len(zeros) < len(elements):
+        others = len(elements) - len(zeros)
+        result.pattern += f"; the other {others} failing elements are used by forward"
+        result.hint += (f"; the other {others} failing elements, which forward uses, are wrong too: the same missing "
+                        "mask may cause that (masked positions recomputed in backward take a share of every row, as "
+                        "attention probabilities recomputed without the causal mask do); fix the mask first")
     return True
 
 
@@ -316,7 +346,23 @@ def diagnose_across(run, results):
                              f"{other.name!r}, and the other way round")
                 r.hint = (f"backward returns the gradients of {ra.name!r} and {rb.name!r} in swapped order: "
                           "swapping them would pass; return one gradient per input, in forward's order")
+    _mask_shared(results, failing)
     _tie(run, results, [r for r in failing if r.hint_kind != "swapped"])
+
+
+def _mask_shared(results, failing):
+    """One failing tensor shows a mask missing in backward: the others failing with it without a
+    hint of their own are told that their gradients may come from the same unmasked quantity."""
+    masked = [r.name for r in failing if r.hint_kind == "ignored_by_forward"]
+    if not masked:
+        return
+    for r in failing:
+        if r.hint_kind in (None, "wrong_formula", "partial_branch"):
+            r.hint_kind = "shared_intermediate"
+            r.hint = (f"{r.name!r} fails together with {_names(masked)}, whose report shows a mask missing in "
+                      f"backward: the gradient of {r.name!r} is likely computed from the same unmasked quantity (the "
+                      "probabilities or scores recomputed in backward without the mask); fix the mask, then check "
+                      "again")
 
 
 def _names(names):
@@ -497,85 +543,3 @@ def _location(checks, shape, name):
                 "one branch is missing from backward: only part of the axis is wrong "
                 "(a split/gate half treated as a constant, a dropped term of a sum)")
     return None
-
-
-# ------------------------------------------------------------------------------- engine errors
-
-
-def explain_engine_error(result, parsed, input_names=(), shapes=None):
-    """The engine rejected the gradient backward produced for this tensor (shape or dtype).
-
-    ``input_names`` (forward's inputs, in order) and ``shapes`` ({checked name: shape}) let the
-    hint say when a gradient has the shape of another input: gradients returned out of order.
-    """
-    result.verdict, result.error = "FAIL", parsed["text"]
-    result.pattern = f"backward raised: {parsed['text']}"
-    if parsed["kind"] == "count":  # the engine counted: fewer gradients than inputs
-        result.hint_kind = "too_few_gradients"
-        got = int(parsed["got"])
-        result.hint = (f"{parsed['fn']}.backward returned {got} gradient{'s' * (got != 1)} for {parsed['want']} "
-                       "inputs: return one gradient per input of forward, in order (None where none is needed)")
-        return
-    if parsed["kind"] == "dtype":
-        way = "downcast" if np.dtype(parsed["got"]).itemsize < np.dtype(parsed["want"]).itemsize else "upcast"
-        result.pattern = (f"backward raised: {parsed['fn']}.backward returned a {parsed['got']} gradient for a "
-                          f"{parsed['want']} input (a {way})")
-        result.hint = (f"{parsed['fn']}.backward returns a {parsed['got']} gradient for a {parsed['want']} "
-                       "input: a constant or astype of another dtype in backward; keep the input's dtype")
-        return
-    got, want = parsed["got"], parsed["want"]
-    others = [name for name, shape in (shapes or {}).items() if name != result.name and tuple(shape) == tuple(got)]
-    axes = _broadcast_axes(got, want)
-    if len(got) == len(want) >= 2 and got == want[:-2] + (want[-1], want[-2]):
-        result.hint_kind = "transpose"
-        result.hint = (f"{parsed['fn']}.backward returned the transpose {got} of the expected {want}: "
-                       "a weight gradient like g.T @ x instead of x.T @ g (or W vs W.T)")
-    elif axes is not None:
-        result.hint_kind = "broadcast_not_summed"
-        summed, keep, numpy_rule = axes
-        which = (f"axis {summed[0]} (g.sum(axis={summed[0]}))" if len(summed) == 1
-                 else f"axes {summed} (g.sum(axis={summed}))")
-        result.hint = (f"{parsed['fn']}.backward returned shape {got} for an input of shape {want}: forward "
-                       f"broadcast the input, so sum the gradient over {which}"
-                       + (f" with keepdims=True for the stretched size-1 axes {keep}" if keep else "")
-                       + ("; autograd.unbroadcast(grad, shape) does exactly this" if numpy_rule else
-                          "; forward used it with a new axis inside (like b[:, None])"))
-    elif others:
-        order = ", ".join(input_names) if input_names else ", ".join(shapes)
-        result.hint_kind = "wrong_order"
-        result.hint = (f"the gradient returned for {result.name!r} has the shape of {others[0]!r} {tuple(got)}: "
-                       f"{parsed['fn']}.backward returns the gradients in another order than forward takes its "
-                       f"inputs; return one gradient per input in forward's order ({order})")
-    else:
-        result.hint_kind = "wrong_shape"
-        result.hint = f"{parsed['fn']}.backward returned a gradient of shape {got} for an input of {want}"
-
-
-def _broadcast_axes(got, want):
-    """How a gradient of shape ``got`` sums down to ``want``: (axes to sum, of which the size-1
-    axes kept, True when NumPy's broadcasting rule explains it), or None if no sum does.
-
-    First NumPy's rule (``want`` aligned on the right); then ``want`` found inside ``got`` in
-    order, for an input that forward reshaped before broadcasting (``b[:, None]``).
-    """
-    extra = len(got) - len(want)
-    if extra < 0:
-        return None
-    axes, keep, ok = list(range(extra)), [], True
-    for k, (g, w) in enumerate(zip(got[extra:], want)):
-        if g != w:
-            if w != 1:
-                ok = False
-                break
-            axes.append(extra + k)
-            keep.append(extra + k)
-    if ok:
-        return (tuple(axes), tuple(keep), True) if axes else None
-    positions, k = [], 0
-    for axis, g in enumerate(got):  # the leftmost embedding of want in got
-        if k < len(want) and g == want[k]:
-            positions.append(axis)
-            k += 1
-    if k < len(want):
-        return None
-    return tuple(a for a in range(len(got)) if a not in positions), (), False

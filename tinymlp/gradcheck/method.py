@@ -37,16 +37,22 @@ This file is the method, top to bottom. ``help(tinymlp.gradcheck)`` says how to 
    difference: it may excuse a difference but never certify one. A tensor is FAIL if any element
    fails, INCONCLUSIVE if at least half of its checks are unverified, NONDIFF if its only
    failures sit on a kink (ReLU at 0: reported, not a failure unless ``strict_kinks``), else ok.
+   Elements that tie at a kink (a max-pool's tied maxima) are moved together first: along that
+   direction the function is smooth, and backward's sum over the tie must match it. A tensor
+   whose checks mostly sit below the noise floor (a saturated softmax) is checked again at its
+   values scaled toward 0, and the report says so.
 
 Around the method (beside it in ``tinymlp/gradcheck/``): ``plan.py`` names and copies what is checked;
 ``checks.py`` verifies that the forward can be differentiated at all (deterministic, float64
 throughout, inputs unmodified) and that backward is linear in ``g``, samples large tensors, and
-asks whether a failing numerical estimate can be trusted (kinks, eps, lost precision);
-``state.py`` calls forward on other inputs in between (state kept from call to call, a saved
-buffer the next call overwrites); ``precision.py`` runs a float32 layer's backward in float32
-too; ``degenerate.py`` warns of inputs where whole classes of bugs cannot show; ``diagnose.py``
-(with ``hints.py`` and ``rows.py``) writes the ``pattern`` / ``likely`` lines; ``report.py`` the
-report itself.
+asks whether a failing numerical estimate can be trusted (eps, lost precision); ``ties.py``
+finds kinks and checks ties; ``conditioning.py`` moves a saturated check; ``blame.py`` watches
+backward node by node (a Function that changes its incoming gradient in place) and names each
+Function by its reference; ``state.py`` calls forward on other inputs in between (state kept
+from call to call, a saved buffer the next call overwrites); ``precision.py`` runs a float32
+layer's backward in float32 too; ``degenerate.py`` warns of inputs where whole classes of bugs
+cannot show; ``diagnose.py`` (with ``hints.py``, ``rows.py``, ``broadcast.py`` and
+``rejected.py``) writes the ``pattern`` / ``likely`` lines; ``report.py`` the report itself.
 """
 
 from __future__ import annotations
@@ -58,9 +64,10 @@ import numpy as np
 from ..grad_mode import no_grad
 from ..backend import device_of, is_float_dtype, to_device
 from ..tensor import Tensor
-from . import checks, precision, state
+from . import blame, checks, conditioning, precision, state, ties
 from .degenerate import degenerate_inputs
-from .diagnose import diagnose, diagnose_across, explain_engine_error
+from .diagnose import diagnose, diagnose_across
+from .rejected import explain_engine_error
 from .plan import as_tuple, collect, describe, describe_call, host, leaf, same_bits, working_array
 from .report import (
     FAIL, NONDIFF, PASS, UNVERIFIED, ElementCheck, GradcheckError, GradcheckReport, GradcheckWarning, Settings,
@@ -119,6 +126,8 @@ def gradcheck(fn, inputs, *, params="auto", wrt=None, exclude=None, names=None, 
       transpose, which rows, where the input is positive, ...), ``likely`` (the bug that usually
       produces that pattern), ``from`` (the Function whose backward produced that gradient) and
       ``trust`` (is the numerical side reliable? it is recomputed with eps x10 and /10);
+    * a ``note`` for a tensor that is ok with something to say, such as a check made at its
+      values scaled toward 0 because forward is saturated at the given ones;
     * ``reproduce:``, the call that repeats the check.
 
     ``report.hint_kinds`` names the diagnoses (``HINT_KINDS``) for tests; ``tinymlp.testing.
@@ -309,7 +318,7 @@ def check_gradients(run) -> dict:
     grads0, _ = checks.analytic(run, 0.0)
     checks.backward_left_inputs_alone(run)
     if not errors:
-        run.problems += checks.backward_in_place(run)
+        run.problems += blame.backward_in_place(run)
     if not errors and not run.problems:
         run.problems += state.saved_state(run, grads)
     results = {}
@@ -323,14 +332,20 @@ def check_gradients(run) -> dict:
         a = np.zeros(c.tensor.shape) if missing else grads[c.name].astype(np.float64)
         linear = checks.scales_linearly(grads[c.name], grads2.get(c.name), grads0.get(c.name),
                                         run.plan.check_dtype)
-        elements = compare_tensor(run, c, result, a, np.random.default_rng(run.seeds[k]))
-        if result.n_fail:  # can the numerical side be trusted?
-            result.trust = checks.stability(run, c, elements)
-            checks.lost_precision(run, c, result, elements, classify)
-            precision.float32_failure(run, c, result, elements, classify)
-        diagnose(run, c, result, elements, missing, linear)
+        rng = np.random.default_rng(run.seeds[k])
+        elements = compare_tensor(run, c, result, a, rng)
+        if conditioning.saturated(result):  # gradients below the noise floor: look where they are not
+            elements = conditioning.recheck(run, c, result, lambda r, a, c=c, rng=rng: compare_tensor(
+                run, c, r, a, rng)) or elements
+        with conditioning.at(run, c, result):  # at the values the check moved to, if it moved
+            if result.n_fail:  # can the numerical side be trusted?
+                result.trust = checks.stability(run, c, elements)
+                checks.lost_precision(run, c, result, elements, classify)
+                precision.float32_failure(run, c, result, elements, classify)
+            diagnose(run, c, result, elements, missing, linear)
+        conditioning.explain(c, result)
     diagnose_across(run, results)
-    checks.name_sources(run, results)
+    blame.name_sources(run, results)
     run.working_restored = all(same_bits(c.tensor.data, checks.working_snapshot(run, c)) for c in run.checked)
     return results
 
@@ -370,7 +385,8 @@ def compare_tensor(run, c, result, a, rng):
                 result.mode = "sampled, then located" if complete else "sampled, partly located"
             n, d_plus, d_minus = run.ev.central_differences(c.tensor, index, s.eps, run.L0)
             status, diff, rel = classify(a_flat[index], n, s.rtol, s.atol_eff)
-    status = np.where(checks.kinks(a_flat[index], n, d_plus, d_minus, status, s), NONDIFF, status)
+    status = np.where(ties.kinks(a_flat[index], n, d_plus, d_minus, status, s), NONDIFF, status)
+    status, result.ties = ties.ties(run, c, index, a_flat[index], d_plus, d_minus, status, classify)
 
     shape = c.tensor.shape
     elements = [ElementCheck(tuple(int(j) for j in np.unravel_index(i, shape)) if shape else (),

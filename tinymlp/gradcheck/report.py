@@ -17,7 +17,8 @@ HINT_KINDS = (
     "partial_scale", "wrong_formula", "swapped", "low_precision", "too_few_gradients",
     "ignored_by_forward", "row_constant", "row_terms", "swapped_halves", "wrong_order", "shared_intermediate",
     "row_multiple", "batch_mixed", "factor_of_input", "row_factor", "repeated_index", "precision_loss",
-    "wrong_axis",
+    "wrong_axis", "changed_in_place", "block_constant", "block_multiple", "block_terms", "wrong_extent",
+    "summed_over_wrong_axis", "ties", "overflow",
 )
 """The values ``TensorResult.hint_kind`` can take (besides None)."""
 
@@ -85,6 +86,8 @@ class TensorResult:
     n_blocks: int = 0  # sampled mode: how many of those are +-1 directions over blocks of every element
     block_promise: str = ""  # sampled mode: which wrong elements the blocks are sure to catch
     worst: list = field(default_factory=list)  # the worst ElementChecks, worst first
+    ties: list = field(default_factory=list)  # groups of tied kink elements moved together (ties.Tie)
+    rescaled: tuple | None = None  # (factor, why) when checked at the tensor's values times factor
     numerical: np.ndarray | None = None  # float64, NaN where not checked (sampled mode)
     analytical: np.ndarray | None = None
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
-from .checks import arrays_of, function_name, graph_nodes
+from .blame import arrays_of, function_name, graph_nodes
 from .plan import close_bits, host, same_bits
 
 
