@@ -97,6 +97,10 @@ DYNAMIC = {
     ("tinymlp.train", "History.append", "getattr"): "the history's fields, listed by dataclasses.fields",
     ("tinymlp.train", "History.last", "getattr"): "the history's fields, listed by dataclasses.fields",
     ("tinymlp.train", "History.to_dict", "getattr"): "the history's fields, listed by dataclasses.fields",
+    ("tinymlp.gradcheck.conditioning", "recheck", "getattr"):
+        "the result at a better-conditioned input replaces the first one field by field (dataclasses.fields)",
+    ("tinymlp.gradcheck.conditioning", "recheck", "setattr"):
+        "the result at a better-conditioned input replaces the first one field by field (dataclasses.fields)",
     ("tinymlp.lessons.forbidden", "", "importlib"):
         "the grader resolves the dotted names of library functions an exercise must not call",
     ("tinymlp.lessons.forbidden", "resolve", "getattr"):

@@ -127,7 +127,8 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        """Run the op on Tensors (or arrays and constants): ``MyOp.apply(x, w, axis=1)``."""
+        """Run the op on Tensors (or arrays and constants), ``MyOp.apply(x, w, axis=1)``: a Tensor,
+        recorded in the graph when an input requires grad (``Engine.apply``)."""
         return engine().apply(cls, args, kwargs)
 
 
