@@ -177,6 +177,7 @@ FLAG_RANGES = {
     "dim": (1, True, None, False), "depth": (1, True, None, False), "token_mlp_dim": (1, True, None, False),
     "channel_mlp_dim": (1, True, None, False), "ffn_dim": (1, True, None, False),
     "attn_dim": (0, True, None, False), "dropout": (0, True, 1, False),
+    "heads": (1, True, None, False), "image_size": (1, True, None, False),
 }
 FLAG_NAMES = {"max_vocab": "--vocab-size"}     # flags whose dest is not their name
 

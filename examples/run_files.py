@@ -52,13 +52,17 @@ RUN = {}
 def guard(run, argv=None) -> int:
     """``run()``'s exit status; a usage or data error printed as one line (status 2), a write the
     system refused (a full disk: the message names the file) as one line (status 1), Ctrl-C answered
-    with the command that continues the run (status 130). The run's folder is closed in every case."""
+    with the command that continues the run (status 130), a closed stdout (``| head``) ended without a
+    word (status 141, as a process killed by SIGPIPE). The run's folder is closed in every case."""
     RUN.clear()
     try:
         return run()
     except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:               # stdout's reader is gone (| head): stop quietly, as a killed pipe would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
