@@ -37,7 +37,7 @@ import numpy as np
 
 from ..files import npz_problem
 from .archive import DatasetError
-from .labels import check_class_names, held_out_split, number_labels
+from .labels import check_class_names, class_name, class_names, held_out_split, label_order, number_labels
 from .loader import ImageDataset, as_count
 from .transforms import resize
 
@@ -76,9 +76,13 @@ def _visible(path: Path) -> bool:
     return not path.name.startswith(".")
 
 
-def class_folders(folder: Path) -> list:
-    """The class names: the visible sub-folders of ``folder``, sorted."""
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and _visible(p))
+def class_folders(folder: Path, where=None, kind="class folder") -> dict:
+    """{class name: its folder} of the visible sub-folders of ``folder``, in the classes' order: the
+    rules of every format (``tinymlp.data.labels``), refused in one sentence naming ``where``."""
+    raw = sorted(p.name for p in folder.iterdir() if p.is_dir() and _visible(p))
+    names = class_names(raw, where or str(folder), kind) if len(raw) > 1 else [class_name(n, where) for n in raw]
+    paths = {name: folder / given for name, given in zip(names, raw)}
+    return {name: paths[name] for name in label_order(paths)}
 
 
 def _image_files(folder: Path) -> list:
@@ -89,7 +93,7 @@ def _image_files(folder: Path) -> list:
 def has_class_folders(root) -> bool:
     """Whether ``root`` holds images in sub-folders: torchvision's ``root/<class>/<image>`` layout."""
     root = Path(root)
-    return root.is_dir() and any(_image_files(root / name) for name in class_folders(root))
+    return root.is_dir() and any(_image_files(path) for path in class_folders(root).values())
 
 
 def read_image(path, size: int) -> np.ndarray:
@@ -127,10 +131,11 @@ class ImageFolder(ImageDataset):
         if not folder.is_dir():
             raise DatasetError(f"{root} has no {split}/ folder: expected {folder}/<class>/<images>, one "
                                f"sub-folder per class (or {root}/<class>/<images>, torchvision's ImageFolder layout)")
-        names = class_folders(folder)
+        paths = class_folders(folder, f"{folder} (expected {layout})")
+        names = list(paths)
         if not names:
             raise DatasetError(f"{folder} has no class folders: expected {layout}")
-        if classes is not None and list(names) != list(classes):
+        if classes is not None and names != [class_name(c) for c in classes]:
             missing = [c for c in classes if c not in names]
             extra = [c for c in names if c not in classes]
             detail = "; ".join(part for part in (
@@ -142,9 +147,9 @@ class ImageFolder(ImageDataset):
             check_class_names(names, f"{folder} (expected {layout})", "class folder")
         files, labels = [], []
         for label, name in enumerate(names):
-            found = _image_files(folder / name)
+            found = _image_files(paths[name])
             if not found:
-                raise DatasetError(f"{folder / name}: an empty class, no image files in it "
+                raise DatasetError(f"{paths[name]}: an empty class, no image files in it "
                                    f"(expected {', '.join(IMAGE_SUFFIXES[:3])}, ...)")
             files += found
             labels += [label] * len(found)
@@ -234,8 +239,7 @@ def _labels_from(array, key, path, n):
 
 def _named_labels(arrays, y_train, y_test, path):
     """(classes, y_train, y_test) when the file names its classes: the labels index them."""
-    classes = [str(c) for c in np.asarray(arrays["classes"]).ravel()]
-    check_class_names(classes, f"{path}: classes", "class name")
+    classes = class_names(np.asarray(arrays["classes"]).ravel(), f"{path}: classes", "class name")
     for key, y in (("y_train", y_train), ("y_test", y_test)):
         bad = y[(y < 0) | (y >= len(classes))]
         if bad.size:
