@@ -250,7 +250,7 @@ def test_a_containers_cgroup_limit_is_read(tmp_path, monkeypatch):
     v1.mkdir(parents=True)
     (v1 / "memory.limit_in_bytes").write_text("1073741824\n")
     assert cli.cgroup_memory_limit(tmp_path / "sys", tmp_path / "proc") == 2**30
-    monkeypatch.setattr(cli, "cgroup_memory_limit", lambda: 2**20)
+    monkeypatch.setattr(tinymlp.backend, "cgroup_memory_limit", lambda: 2**20)
     assert cli.memory_limit("cpu") == (2**20, "allowed by this container's memory limit (cgroup)")
 
 

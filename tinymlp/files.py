@@ -1,7 +1,7 @@
 """Files written whole and read with care: ``atomic_write`` (a failure never leaves half a file),
 the one naming of the temporary files and folders that stand in for a file until it is complete,
-``npz_problem``, which reads the headers of an ``.npz`` file's arrays before any is loaded, and
-``FolderLock``, which lets one run at a time write into a folder.
+``npz_problem`` and ``npz_headers``, which read the headers of an ``.npz`` file's arrays before any
+is loaded, and ``FolderLock``, which lets one run at a time write into a folder.
 
     atomic_write("run/vocab.json", lambda f: f.write(data), what="Tokenizer.save")
 
@@ -43,8 +43,8 @@ import zipfile
 
 import numpy as np
 
-__all__ = ["FolderBusyError", "FolderLock", "LOCK_NAME", "atomic_write", "npz_problem", "remove_stale_temporaries",
-           "temporary_file", "temporary_folder", "write_failed"]
+__all__ = ["FolderBusyError", "FolderLock", "LOCK_NAME", "atomic_write", "npz_headers", "npz_problem",
+           "remove_stale_temporaries", "temporary_file", "temporary_folder", "write_failed"]
 
 
 # ---------------------------------------------------------------------- temporary names
@@ -200,17 +200,20 @@ def _file_mode(path):
 
 
 # ---------------------------------------------------------------------- reading an .npz
-def npz_problem(path):
-    """What is wrong with the arrays of the ``.npz`` file ``path``, in a sentence, or None.
+def npz_headers(path) -> dict:
+    """{array name: (shape, dtype)} of the ``.npz`` file ``path``, read from the arrays' headers alone
+    (nothing is allocated); arrays whose header cannot be read are left out, and a file that is not
+    a zip at all gives {}."""
+    return {name: h[:2] for name, h in _npz_members(path).items() if not isinstance(h, str)}
 
-    Only the headers are read, before anything is allocated: an array that needs pickle (an
-    object array), or one whose header declares more bytes than its member holds (a damaged file
-    whose shape would ask NumPy for terabytes, a raw MemoryError) is named with its shape. A file
-    that is not a zip at all is left to the caller's own message (None)."""
+
+def _npz_members(path) -> dict:
+    """{array name: (shape, dtype, bytes its member holds), or the class name of the error reading it}."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError):
-        return None
+        return {}
+    members = {}
     with archive:
         for info in archive.infolist():
             if not info.filename.endswith(".npy"):
@@ -225,17 +228,30 @@ def npz_problem(path):
                         shape, _, dtype = np.lib.format.read_array_header_2_0(f)
                     else:
                         continue                        # a newer format: np.load reads it
-                    offset = f.tell()
+                    members[name] = (tuple(shape), dtype, info.file_size - f.tell())
             except Exception as err:   # a damaged header: ValueError, zlib.error, EOFError, ...
-                return f"the array {name!r} has a damaged header ({type(err).__name__})"
-            if dtype.hasobject:
-                return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; "
-                        "tinymlp never unpickles: save plain numeric arrays (and text as a string array)")
-            declared = math.prod(shape) * dtype.itemsize
-            held = info.file_size - offset
-            if declared > held:
-                return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) "
-                        f"but holds {max(held, 0):,} bytes: the file is damaged or truncated")
+                members[name] = type(err).__name__
+    return members
+
+
+def npz_problem(path):
+    """What is wrong with the arrays of the ``.npz`` file ``path``, in a sentence, or None.
+
+    Only the headers are read, before anything is allocated: an array that needs pickle (an
+    object array), or one whose header declares more bytes than its member holds (a damaged file
+    whose shape would ask NumPy for terabytes, a raw MemoryError) is named with its shape. A file
+    that is not a zip at all is left to the caller's own message (None)."""
+    for name, header in _npz_members(path).items():
+        if isinstance(header, str):
+            return f"the array {name!r} has a damaged header ({header})"
+        shape, dtype, held = header
+        if dtype.hasobject:
+            return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; "
+                    "tinymlp never unpickles: save plain numeric arrays (and text as a string array)")
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > held:
+            return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) "
+                    f"but holds {max(held, 0):,} bytes: the file is damaged or truncated")
     return None
 
 

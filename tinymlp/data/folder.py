@@ -102,11 +102,25 @@ def read_image(path, size: int) -> np.ndarray:
 
 
 def _decode(path: Path, size: int, Image) -> np.ndarray:
-    """One image file as uint8 (3, size, size); DatasetError naming the file when it cannot be read."""
+    """One image file as uint8 (3, size, size); DatasetError naming the file when it cannot be read.
+
+    16-bit grey images (Pillow's modes "I;16..." and "I", as a 16-bit PNG reads) are scaled from
+    0..65535 to 0..255; 16-bit colour PNGs Pillow already reads as 8-bit RGB."""
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB")                       # grey, palette, RGBA, CMYK -> RGB
-            pixels = np.asarray(im, dtype=np.uint8)
+            if im.mode.startswith("I;16") or im.mode == "I":
+                wide = np.asarray(im, dtype=np.int64)
+                if wide.size and (wide.min() < 0 or wide.max() > 65535):
+                    raise DatasetError(f"{path}: a {im.mode} image with values in [{wide.min()}, {wide.max()}]; "
+                                       "expected 8-bit or 16-bit pixels")
+                pixels = np.repeat(np.rint(wide / 257).astype(np.uint8)[..., None], 3, axis=2)
+            elif im.mode == "F":
+                raise DatasetError(f"{path}: a floating-point image (mode F), whose pixel range is not known; "
+                                   "save it with 8-bit or 16-bit pixels")
+            else:
+                pixels = np.asarray(im.convert("RGB"), dtype=np.uint8)   # grey, palette, RGBA, CMYK -> RGB
+    except DatasetError:
+        raise
     except Exception as err:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError, ValueError...
         raise DatasetError(f"{path}: cannot be read as an image ({type(err).__name__}: {err})") from None
     return resize_images(pixels.transpose(2, 0, 1)[None], size)[0]
@@ -176,8 +190,18 @@ def subset(dataset: ImageDataset, index, keep_stats=False) -> ImageDataset:
 def as_images(array, what="images"):
     """(N, 3, H, W) uint8 from images in one of the accepted layouts and dtypes: (N, H, W) grey,
     (N, H, W, C) as Keras and PIL store them, or (N, C, H, W), C = 1 or 3; integer pixels in
-    0..255 or floats in [0, 1]. A ValueError starting with ``what`` says what does not fit."""
+    0..255 or floats in [0, 1]. A ValueError starting with ``what`` says what does not fit,
+    including a shape that two layouts could read: one image without its batch axis ((H, W, C),
+    (3, H, W)), or channels that could be first or last."""
     x = np.asarray(array)
+    channels = (1, 3)
+    if x.ndim == 3 and (x.shape[-1] in channels or x.shape[0] == 3):
+        raise ValueError(f"{what} has shape {x.shape}: one image without its batch axis? Give images as (N, H, W, "
+                         "C) or (N, C, H, W) with C = 1 or 3 (images[None] for one image), grey ones as (N, H, W) "
+                         "or (N, H, W, 1)")
+    if x.ndim == 4 and x.shape[1] in channels and x.shape[-1] in channels:
+        raise ValueError(f"{what} has shape {x.shape}: are the channels first or last? Both axis 1 and the last "
+                         "axis could be; give images whose height and width are not 1 or 3")
     if x.ndim == 3:
         x = x[:, None]                                                     # grey (N, H, W)
     elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
