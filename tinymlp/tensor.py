@@ -603,8 +603,12 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
 
     Floating-point data becomes float32 unless ``dtype`` says otherwise (pass
     ``dtype="float64"`` to keep double precision); integers and booleans keep their type.
-    The data is copied when it has to change device or dtype, and shared otherwise.
+    The data is copied when it has to change device or dtype, and shared otherwise. A tensor that
+    requires grad is refused, as a list of them is: the new leaf would cut it off its graph.
     """
+    if isinstance(data, Tensor) and data.requires_grad:
+        raise TypeError("tensor(): the tensor given requires grad, and a new tensor made from it would be cut off "
+                        "its graph (no gradient would reach it); use it as it is, or t.detach() for a constant")
     return Tensor(data, requires_grad=requires_grad, device=device, dtype=dtype)
 
 
