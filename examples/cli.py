@@ -126,13 +126,16 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g.add_argument("--out", default=None,
                    help=f"output folder: {CHECKPOINT} (the last epoch), {BEST} (the best validation epoch), "
                         f"{METRICS}, {CURVES} and "
-                        "the weight plot (default: runs/<model>)")
+                        "the weight plot (default: runs/<model>). A new run never replaces another: when --out "
+                        "holds one, it writes to <out>-2 (then -3, ...) and says so")
     g.add_argument("--resume", default=None, metavar="PATH|auto",
-                   help="continue from a checkpoint (outputs go to its folder unless --out is given); "
-                        f"'auto': from --out's {CHECKPOINT} if there is one")
+                   help="continue from a checkpoint (outputs go to its folder unless --out is given) with the "
+                        "run's own flags: a changed --lr, --weight-decay, --clip, --warmup or --epochs is said "
+                        "and recorded, a changed seed, model or data refused; "
+                        f"'auto': from --out's {CHECKPOINT} if there is one, else a new run there")
     g.add_argument("--overwrite", action="store_true",
-                   help="start a new run in an --out that holds a checkpoint, replacing it (without this, "
-                        "such an --out is refused: continue it with --resume auto)")
+                   help="start a new run in --out itself though it holds another run: that run's files are "
+                        "replaced at this run's first save (until then they stay as they are)")
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bars (one line per epoch instead; also the case when stderr "
                         "is not a terminal)")

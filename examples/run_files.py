@@ -84,7 +84,9 @@ def interrupted_message(argv=None) -> str:
         if RUN.get("resume") is not None:
             return (f"interrupted before this run finished an epoch: {RUN['resume']} is as it was; "
                     f"continue with the same command")
-        return "interrupted before the first epoch finished: nothing was saved; run the same command to start again"
+        kept = f" ({out}'s files are as they were)" if getattr(RUN.get("folder"), "replaced", None) else ""
+        return (f"interrupted before the first epoch finished: nothing was saved{kept}; run the same command to "
+                "start again")
     return (f"interrupted; epoch {saved} is saved in {Path(out) / CHECKPOINT}; continue with:\n  "
             + resume_command(argv, out))
 

@@ -164,6 +164,7 @@ def open_out(args, out: Path, resume) -> RunFolder:
     overwrite = bool(getattr(args, "overwrite", False))
     continuing = resume is not None and resume.resolve().parent == out.resolve()
     new_run = args.resume is None and not overwrite     # may go to <out>-2, ...
+    busy = None                                          # why --out itself was passed over, when it was busy
     for folder in _candidates(out, new_run):
         created = _make(folder)
         lock = FolderLock(folder)
@@ -171,6 +172,7 @@ def open_out(args, out: Path, resume) -> RunFolder:
             lock.acquire()
         except FolderBusyError as err:
             if new_run:
+                busy = busy or err.holder
                 continue
             RunFolder(folder, lock, created, {}).close()
             raise UsageError(f"--out {err}") from None
@@ -185,10 +187,10 @@ def open_out(args, out: Path, resume) -> RunFolder:
         if found:
             print(f"--overwrite: {folder} holds {_describe(folder, found)}; they are replaced at this run's first "
                   "save, and are as they were until then")
+        elif folder != out and busy is not None:
+            print(f"note: {out} is in use by another run ({busy}); this run writes to {folder}")
         elif folder != out:
-            taken = _outputs(out)
-            why = f"holds another run ({_describe(out, taken)})" if taken else "is in use by another run"
-            print(f"note: {out} {why}; this run writes to {folder} (continue that one with --resume auto "
-                  f"--out {out}, or replace it with --overwrite)")
+            print(f"note: {out} holds another run ({_describe(out, _outputs(out))}); this run writes to {folder} "
+                  f"(continue that one with --resume auto --out {out}, or replace it with --overwrite)")
         return RunFolder(folder, lock, created, {name: _identity(folder / name) for name in found})
     raise UsageError(f"--out {out}: {out}-2 to {out}-{MAX_FOLDERS} are all taken; choose another --out")

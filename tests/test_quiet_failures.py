@@ -388,6 +388,6 @@ def test_encode_batch_without_max_len_pads_to_the_longest():
 
 def test_a_tensor_made_from_a_tensor_that_requires_grad_is_refused():
     t = tinymlp.tensor([1.0, 2.0], requires_grad=True)
-    with pytest.raises(TypeError, match=r"tensor\(\): the tensor given requires grad.*t\.detach\(\)"):
+    with pytest.raises(TypeError, match=r"tensor\(\): the data is or holds tensors that require grad.*detach"):
         tinymlp.tensor(t * 2)
     assert tinymlp.tensor(t.detach()).tolist() == [1.0, 2.0]

@@ -13,6 +13,7 @@ synthetic set (CPU, no network):
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -119,8 +120,10 @@ def test_one_run_at_a_time_and_a_stale_lock_is_no_lock(script, tmp_path, capsys)
         assert f"--out {out} is in use by another run (process " in error
         assert script("train_cifar_mixer", *MIXER, "--epochs", "1", "--overwrite", "--out", out) == 2
         assert "is in use by another run" in one_error_line(capsys.readouterr().err)
-        assert script("train_cifar_mixer", *MIXER, "--epochs", "1", "--out", tmp_path / "empty") == 0
-        assert not (tmp_path / "empty" / LOCK_NAME).exists()
+        assert script("train_cifar_mixer", *MIXER, "--epochs", "1", "--out", out) == 0     # a new run: elsewhere
+        assert f"note: {out} is in use by another run (process {os.getpid()}" in capsys.readouterr().out
+        assert read_meta(tmp_path / "run-2" / "checkpoint.npz")["epoch"] == 1
+        assert not (tmp_path / "run-2" / LOCK_NAME).exists()
     assert read_meta(out / "checkpoint.npz")["epoch"] == 1
     (out / LOCK_NAME).write_text("process 999999999, started long ago")   # a killed run's file, not locked
     assert script("train_cifar_mixer", *MIXER, "--epochs", "2", "--resume", "auto", "--out", out) == 0

@@ -28,9 +28,9 @@ def _probe(data):
     if data is None:
         raise TypeError(f"tensor(): cannot make a tensor from None; {ACCEPTED}")
     if isinstance(data, (list, tuple)) and _holds_graph_tensor(data):
-        raise TypeError("tensor(): the list holds tensors that require grad, and a new tensor would cut them "
-                        "off the graph (no gradient would reach them); to keep the gradient use "
-                        "tinymlp.stack([...]) or tinymlp.concatenate([...]); for constants, the tensors' "
+        raise TypeError("tensor(): the data is or holds tensors that require grad, and a new tensor would cut "
+                        "them off the graph (no gradient would reach them); to keep the gradient use the tensor, "
+                        "or tinymlp.stack([...]) or tinymlp.concatenate([...]) for a list; for a constant, "
                         ".detach() first")
     try:
         probe = data if hasattr(data, "dtype") and hasattr(data, "shape") else np.asarray(data)
@@ -76,7 +76,7 @@ def _check_kind(dtype, what):
 def _as_array(data, dtype, device):
     """Turn ``data`` (array, list, scalar, Tensor) into an array of ``dtype`` on ``device``."""
     if isinstance(data, Tensor):
-        data = data.data
+        data = [data] if data.requires_grad else data.data      # the first: refused by _probe
     xp = module_for_device(device)
     probe = _probe(data)
     if dtype is not None:
@@ -603,12 +603,8 @@ def tensor(data, requires_grad=False, device="cpu", dtype=None) -> Tensor:
 
     Floating-point data becomes float32 unless ``dtype`` says otherwise (pass
     ``dtype="float64"`` to keep double precision); integers and booleans keep their type.
-    The data is copied when it has to change device or dtype, and shared otherwise. A tensor that
-    requires grad is refused, as a list of them is: the new leaf would cut it off its graph.
+    The data is copied when it has to change device or dtype, and shared otherwise.
     """
-    if isinstance(data, Tensor) and data.requires_grad:
-        raise TypeError("tensor(): the tensor given requires grad, and a new tensor made from it would be cut off "
-                        "its graph (no gradient would reach it); use it as it is, or t.detach() for a constant")
     return Tensor(data, requires_grad=requires_grad, device=device, dtype=dtype)
 
 
