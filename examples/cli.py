@@ -6,7 +6,8 @@ flags), adds its model's flags to ``model_args(parser)``, and hands the parsed f
 or output folder (``check_args``; the data flags, which a resumed run takes from its checkpoint,
 by ``check_data_flags`` once they are known): a problem is one ``UsageError`` line and exit
 status 2, never a traceback. ``check_memory`` refuses a model whose training would not fit in the
-memory this process may use (the machine's, a container's cgroup limit, ``ulimit``) before any
+memory this process may use (``tinymlp.backend.memory_limit``: the machine's, a container's cgroup
+limit, ``ulimit``) before any
 data is read; ``make_model`` builds it.
 
 The scripts run from a source checkout without installing tinymlp: importing this module first
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import resource
 import sys
 from pathlib import Path
 
@@ -27,7 +26,8 @@ try:
 except ImportError:  # run from a source checkout without installing: use the checkout's package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tinymlp import backend, models
+from tinymlp import models
+from tinymlp.backend import cgroup_memory_limit, memory_limit
 from tinymlp import functional as F
 
 __all__ = [
@@ -126,13 +126,16 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g.add_argument("--out", default=None,
                    help=f"output folder: {CHECKPOINT} (the last epoch), {BEST} (the best validation epoch), "
                         f"{METRICS}, {CURVES} and "
-                        "the weight plot (default: runs/<model>)")
+                        "the weight plot (default: runs/<model>). A new run never replaces another: when --out "
+                        "holds one, it writes to <out>-2 (then -3, ...) and says so")
     g.add_argument("--resume", default=None, metavar="PATH|auto",
-                   help="continue from a checkpoint (outputs go to its folder unless --out is given); "
-                        f"'auto': from --out's {CHECKPOINT} if there is one")
+                   help="continue from a checkpoint (outputs go to its folder unless --out is given) with the "
+                        "run's own flags: a changed --lr, --weight-decay, --clip, --warmup or --epochs is said "
+                        "and recorded, a changed seed, model or data refused; "
+                        f"'auto': from --out's {CHECKPOINT} if there is one, else a new run there")
     g.add_argument("--overwrite", action="store_true",
-                   help="start a new run in an --out that holds a checkpoint, replacing it (without this, "
-                        "such an --out is refused: continue it with --resume auto)")
+                   help="start a new run in --out itself though it holds another run: that run's files are "
+                        "replaced at this run's first save (until then they stay as they are)")
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bars (one line per epoch instead; also the case when stderr "
                         "is not a terminal)")
@@ -177,6 +180,7 @@ FLAG_RANGES = {
     "dim": (1, True, None, False), "depth": (1, True, None, False), "token_mlp_dim": (1, True, None, False),
     "channel_mlp_dim": (1, True, None, False), "ffn_dim": (1, True, None, False),
     "attn_dim": (0, True, None, False), "dropout": (0, True, 1, False),
+    "heads": (1, True, None, False), "image_size": (1, True, None, False),
 }
 FLAG_NAMES = {"max_vocab": "--vocab-size"}     # flags whose dest is not their name
 
@@ -225,63 +229,6 @@ def check_data_flags(args):
 def memory_available(device) -> int | None:
     """Bytes of memory this process may use on ``device``, None when unknown (see ``memory_limit``)."""
     return memory_limit(device)[0]
-
-
-def memory_limit(device) -> tuple[int | None, str]:
-    """(bytes, where the bound comes from) of the memory this process may use on ``device``: the
-    GPU's; on the CPU the smallest of the machine's RAM, the container's limit (cgroup v2
-    ``memory.max`` or v1 ``memory.limit_in_bytes``) and the process's own (``ulimit -v``, ``-d``)."""
-    if device == "cuda":
-        try:
-            return int(backend.module_for_device("cuda").cuda.Device().mem_info[1]), "of memory on this cuda"
-        except (ValueError, OSError, AttributeError):
-            return None, "of memory on this cuda"
-    bounds = []
-    try:
-        bounds.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "of memory on this cpu"))
-    except (ValueError, OSError, AttributeError):
-        pass
-    cgroup = cgroup_memory_limit()
-    if cgroup is not None:
-        bounds.append((cgroup, "allowed by this container's memory limit (cgroup)"))
-    for which, flag_ in ((resource.RLIMIT_AS, "-v"), (getattr(resource, "RLIMIT_DATA", None), "-d")):
-        if which is None:
-            continue
-        soft = resource.getrlimit(which)[0]
-        if soft != resource.RLIM_INFINITY and soft > 0:
-            bounds.append((soft, f"allowed by this process's memory limit (ulimit {flag_})"))
-    return min(bounds) if bounds else (None, "of memory here")
-
-
-def cgroup_memory_limit(root="/sys/fs/cgroup", membership="/proc/self/cgroup") -> int | None:
-    """The memory limit of this process's cgroup in bytes (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``), None when there is none or it cannot be read."""
-    try:
-        lines = Path(membership).read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        path = path.lstrip("/")
-        if controllers == "":                                  # v2: one unified hierarchy
-            candidates = [Path(root) / path / "memory.max", Path(root) / "memory.max"]
-        elif "memory" in controllers.split(","):               # v1: the memory controller's own tree
-            candidates = [Path(root) / "memory" / path / "memory.limit_in_bytes",
-                          Path(root) / "memory" / "memory.limit_in_bytes"]
-        else:
-            continue
-        for candidate in candidates:
-            try:
-                text = candidate.read_text().strip()
-            except OSError:
-                continue
-            if text.isdigit() and int(text) < 2**60:            # "max", or v1's huge "unlimited"
-                return int(text)
-            break
-    return None
 
 
 def _gib(n) -> str:

@@ -37,9 +37,10 @@ from cli import (
     check_data_size, check_memory, count, explicit_flags, loss_function, make_model, parameters, tokens_per_example,
 )
 from run_files import (
-    CONFUSION, OWN_DATA, RUN, architecture, check_classes, check_out, check_resumable, confusion, describe_test,
-    final_test, guard, keep_best, resume_into, resume_path, script_of_preset, write_metrics,
+    CONFUSION, OWN_DATA, RUN, architecture, check_classes, check_resumable, confusion, describe_test, final_test, guard,
+    keep_best, resume_into, script_of_preset, write_metrics,
 )
+from run_folder import open_out, resume_path
 
 from tinymlp import backend, checkpoint, data, optim, plot
 from tinymlp.data import DatasetError, folder, held_out_split
@@ -72,12 +73,13 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     if meta is not None:
         check_resumable(resume, meta, args, explicit, script=script_of_preset(preset))   # data options adopted
     check_data_flags(args)
-    check_out(args, out, resume)
     check_data_size(args)
     if meta is None and build_model is None:        # too big to train: refused before any data is read
         guess = {**overrides, "num_classes": NUM_CLASSES.get(args.dataset, 10)}     # own data: counted later
         cls, kwargs = preset_config(preset, **guess)
         check_memory(cls, kwargs, args, explicit, parameters(preset, guess), tokens_per_example(kwargs), MODEL_FLAGS)
+    folder = RUN["folder"] = open_out(args, out, resume)    # locked; maybe <out>-2 (see run_folder.py)
+    out = folder.path
 
     splits = _datasets(args, _model_image_size(args, preset, overrides, meta))
     train_set, val_set, test_set = splits.train, splits.validation, splits.test
@@ -123,9 +125,6 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
           f"{type(opt).__name__} lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
 
-    out.mkdir(parents=True, exist_ok=True)
-    if meta is None:                                 # a new run (--overwrite): no best epoch of another one
-        (out / BEST).unlink(missing_ok=True)
     RUN.update(out=out, resume=resume, started=time.time())
     show = False if args.no_progress else None       # None: bars when stderr is a terminal
     bars = show is None and sys.stderr.isatty()
@@ -134,15 +133,17 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     preprocess = {"kind": "image", "size": int(train_set.images.shape[-1]), "image_size": int(size),
                   "mean": [float(m) for m in mean], "std": [float(s) for s in std]}
     described = splits.describe()
+    resumes = meta["resumes"] if meta is not None else []
 
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(), rng=train_loader.rng,
                         preset=meta["preset"] if meta else preset, model_config=model.config,
                         model_class=cls.__name__, classes=list(train_set.classes),
-                        dataset=args.dataset, args=vars(args), preprocess=preprocess)
+                        dataset=args.dataset, args=vars(args), preprocess=preprocess, resumes=resumes)
         keep_best(out, epoch, hist)
-        write_metrics(out, args, model, hist, described)
+        write_metrics(out, args, model, hist, described, resumes=resumes)
         plot.training_curves(hist, out / CURVES, title=f"{cls.__name__} on {args.dataset}", val_name="validation")
+        folder.saved()                               # the first save: an overwritten run's other files go
         if not bars:
             print(format_epoch(hist, args.epochs, "validation"), flush=True)
 
@@ -159,7 +160,7 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     if args.dataset in OWN_DATA:                     # the model predict uses: best.npz when there is one
         confusion(model, test_loader, train_set.classes, out / CONFUSION, args.limit_batches,
                   title=f"{cls.__name__} on {args.dataset}: test set, {test['used']}")
-    write_metrics(out, args, model, history, described, test)
+    write_metrics(out, args, model, history, described, test, resumes=resumes)
     speed = f"{history.images_per_sec[-1]:,.0f} img/s training" if history.images_per_sec else "no training"
     files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, CURVES]
     files += ([weight_file] if weight_plot is not None else []) + ([CONFUSION] if args.dataset in OWN_DATA else [])

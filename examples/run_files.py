@@ -1,4 +1,5 @@
-"""A run's files: the --out folder, its checkpoints and metrics, and continuing a run from them.
+"""A run's files: its checkpoints and metrics, and continuing a run from them (which folder a run
+writes to, and what happens to what is already there: ``run_folder.py``).
 
 Every example writes ``checkpoint.npz`` (model, optimizer, schedule, history, the flags and what
 ``tinymlp.predict`` needs, after each epoch), ``best.npz`` (the same, of the epoch with the best
@@ -6,9 +7,10 @@ validation accuracy, when there is a validation set), ``metrics.json`` and ``cur
 --out. ``--resume PATH|auto`` continues a run from its checkpoint: ``check_resumable`` refuses a
 checkpoint of another script, or model flags that contradict it (a resumed run keeps its
 architecture), and takes the data and pipeline options from it (one given again with another
-value is refused; nothing needs restating); ``resume_into`` loads it and stretches the schedule
-when --epochs asks for more. ``check_out`` makes sure a new run never silently replaces another.
-Ctrl-C ends a run with the command that continues it (``guard``).
+value is refused; nothing needs restating), so that the flags a resumed run records are the ones
+in effect; ``resume_into`` loads it, says which optimisation flags given now differ from the run's
+(and records them), and stretches the schedule when --epochs asks for more. Ctrl-C ends a run
+with the command that continues it; a failed write is one line naming its file (``guard``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from cli import BEST, CHECKPOINT, METRICS, UsageError, check_data_flags, count, flag
+from cli import BEST, CHECKPOINT, METRICS, MODEL_FLAGS, UsageError, check_data_flags, count, flag
 
 from tinymlp import CudaUnavailableError, backend, checkpoint, models, no_grad, optim, plot
 from tinymlp.checkpoint import CheckpointError
@@ -32,10 +34,9 @@ from tinymlp.predict import architecture, model_class
 from tinymlp.train import History, evaluate
 
 __all__ = [
-    "CONFUSION", "OWN_DATA", "RUN", "architecture", "best_epoch", "check_classes", "check_out", "check_resumable",
-    "confusion", "describe_test", "final_test", "guard", "interrupted_message", "is_text_preset", "keep_best",
-    "model_class", "resume_command", "resume_into", "resume_path", "script_of_checkpoint", "script_of_preset",
-    "write_metrics",
+    "CONFUSION", "OWN_DATA", "RUN", "architecture", "best_epoch", "check_classes", "check_resumable", "confusion",
+    "describe_test", "final_test", "guard", "interrupted_message", "is_text_preset", "keep_best", "model_class",
+    "resume_command", "resume_into", "script_of_checkpoint", "script_of_preset", "started_with", "write_metrics",
 ]
 
 OWN_DATA = ("folder", "npz", "csv")     # datasets whose class names the user gives: confusion.png shows them
@@ -43,22 +44,34 @@ CONFUSION = "confusion.png"
 
 
 # ---------------------------------------------------------------------- how a run ends
-# where the current run writes, for the message of an interrupted run: out, resume, saved
+# the current run: where it writes (out, and its run_folder.RunFolder as folder), what it resumed, when
+# it started: for the message of an interrupted run, and for closing its folder however it ends
 RUN = {}
 
 
 def guard(run, argv=None) -> int:
-    """``run()``'s exit status; a usage or data error printed as one line (status 2), Ctrl-C
-    answered with the command that continues the run (status 130)."""
+    """``run()``'s exit status; a usage or data error printed as one line (status 2), a write the
+    system refused (a full disk: the message names the file) as one line (status 1), Ctrl-C answered
+    with the command that continues the run (status 130), a closed stdout (``| head``) ended without a
+    word (status 141, as a process killed by SIGPIPE). The run's folder is closed in every case."""
     RUN.clear()
     try:
         return run()
     except (UsageError, DatasetError, CudaUnavailableError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:               # stdout's reader is gone (| head): stop quietly, as a killed pipe would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\n" + interrupted_message(argv), file=sys.stderr)
         return 130
+    finally:
+        if RUN.get("folder") is not None:
+            RUN["folder"].close()
 
 
 def interrupted_message(argv=None) -> str:
@@ -71,7 +84,9 @@ def interrupted_message(argv=None) -> str:
         if RUN.get("resume") is not None:
             return (f"interrupted before this run finished an epoch: {RUN['resume']} is as it was; "
                     f"continue with the same command")
-        return "interrupted before the first epoch finished: nothing was saved; run the same command to start again"
+        kept = f" ({out}'s files are as they were)" if getattr(RUN.get("folder"), "replaced", None) else ""
+        return (f"interrupted before the first epoch finished: nothing was saved{kept}; run the same command to "
+                "start again")
     return (f"interrupted; epoch {saved} is saved in {Path(out) / CHECKPOINT}; continue with:\n  "
             + resume_command(argv, out))
 
@@ -105,44 +120,12 @@ def resume_command(argv, out) -> str:
     return shlex.join(["python", script, *kept, "--resume", "auto", "--out", str(out)])
 
 
-# ---------------------------------------------------------------------- the output folder
-def check_out(args, out: Path, resume):
-    """--out is a folder we can write in, and writing there erases no other run: a checkpoint
-    in it is only replaced by the run resumed from it, or with --overwrite."""
-    _check_writable(out)
-    existing = out / CHECKPOINT
-    if not existing.is_file() or getattr(args, "overwrite", False):
-        return
-    if resume is not None and resume.resolve() == existing.resolve():
-        return
-    try:
-        meta = checkpoint.read_meta(existing)
-        what = f": {meta.get('preset')}, {count(int(meta.get('epoch')), 'epoch')} done"
-    except Exception:      # a damaged file is still someone's: it is not replaced silently either
-        what = ""
-    if resume is None:
-        raise UsageError(f"--out {out} already holds a run ({existing}{what}); continue it with --resume auto, "
-                         "pass --overwrite to replace it with a new run, or choose another --out")
-    raise UsageError(f"--out {out} holds another run ({existing}{what}), which continuing {resume} there would "
-                     "replace; choose another --out, or pass --overwrite")
-
-
-def _check_writable(out: Path):
-    """--out must be a folder we can create and write in: checked before any download or training."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file, expected a folder")
-    existing = out
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == out else f" (cannot create it inside {existing})"
-        raise UsageError(f"--out {out}: not writable{where}; choose a folder you can write to")
-
-
-def write_metrics(out: Path, args, model, history, splits=None, test=None, lower_loss=False):
+# ---------------------------------------------------------------------- what a run writes
+def write_metrics(out: Path, args, model, history, splits=None, test=None, lower_loss=False, resumes=()):
     """metrics.json: the configuration, the splits (``splits``: {"train", "validation", "test"} ->
     a description of each), the per-epoch history (its ``val_*`` are the validation set's), the
-    best epoch, and the test results (``test``, reported once, at the end; None until then)."""
+    best epoch, the test results (``test``, reported once, at the end; None until then), and the
+    run's resumes (``resume_into``: the epoch of each, and the flags it changed)."""
     h = history.to_dict()
     last = {k: v[-1] for k, v in h.items()} if len(history) else {}
     best = best_epoch(history, lower_loss)
@@ -150,7 +133,8 @@ def write_metrics(out: Path, args, model, history, splits=None, test=None, lower
         "model": type(model).__name__, "model_config": model.config, "parameters": model.num_parameters(),
         "dataset": args.dataset, "splits": splits or {},
         "validation": (splits or {}).get("validation") or "none (--val-fraction 0): the history has no validation",
-        "best_epoch": best, "test": test, "args": vars(args), "final": last, "history": h,
+        "best_epoch": best, "test": test, "args": vars(args), "resumes": list(resumes), "final": last,
+        "history": h,
     }
     text = json.dumps(payload, indent=2, allow_nan=True) + "\n"
     atomic_write(out / METRICS, lambda f: f.write(text), what="metrics.json", binary=False)
@@ -263,29 +247,15 @@ def script_of_checkpoint(meta) -> str:
 
 
 # ---------------------------------------------------------------------- continuing a run
-def resume_path(args, out: Path):
-    """The checkpoint --resume names (``auto``: --out's, if there is one yet), or None."""
-    if args.resume is None:
-        return None
-    if args.resume == "auto":
-        path = out / CHECKPOINT
-        if not path.is_file():
-            print(f"--resume auto: no {path} yet, starting a new run")
-            return None
-        return path
-    path = Path(args.resume)
-    if not path.is_file():
-        raise UsageError(f"--resume {args.resume}: no such file")
-    return path
-
-
-# what a resumed run keeps from the checkpoint unless the command line says otherwise
-RESUMED_OPTIMISATION = ("lr", "weight_decay")
-
-
-# what a resumed run always takes from its checkpoint (nothing needs restating; a different value
-# given now is refused): the input pipeline, the weights it started from, and the data
-RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize", "pretrained")
+# A resumed run's flags are the run's own: every flag left out takes the checkpoint's value (its
+# record then holds the flags in effect), except those of this invocation alone. A flag given again:
+# - with another value is refused when it shapes what the run is: its data, input pipeline, seed
+#   and (in check_resumable) its model;
+# - may change the optimisation from here on (CHANGEABLE): said in one line, and kept in the
+#   checkpoint's and metrics.json's "resumes" (one entry per resume: the epoch, what changed).
+THIS_INVOCATION = ("device", "out", "resume", "overwrite", "no_progress", "no_download", "download_url")
+CHANGEABLE = ("epochs", "lr", "weight_decay", "clip", "warmup", "limit_batches")
+RESUMED_PIPELINE = ("optimizer", "schedule", "image_size", "normalize", "pretrained", "seed")
 RESUMED_DATA = ("dataset", "data_dir", "train_file", "test_file", "text", "synthetic_size", "synthetic_task",
                 "max_vocab", "mask_prob", "flip", "mixup", "cutmix", "label_smoothing", "batch_size", "test_fraction",
                 "val_fraction", "text_column", "label_column", "pair_column")
@@ -300,11 +270,11 @@ def _same(name, given, saved) -> bool:
     return given == saved
 
 
-def _keep_pipeline(args, meta, explicit, resume):
-    """A resumed run keeps the checkpoint's pipeline and data options: one given now with
-    another value is refused; one left out takes the checkpoint's value."""
-    saved_args = meta["args"]
-    saved_args = {**saved_args, "dataset": meta.get("dataset", saved_args.get("dataset"))}
+def _adopt_saved_args(args, meta, explicit, resume):
+    """The run's own flags in ``args``: a pipeline, data or seed flag given now with another value is
+    refused; every flag left out (but those of this invocation) takes the checkpoint's value, a model
+    flag recorded as None its model's."""
+    saved_args = {**meta["args"], "dataset": meta.get("dataset", meta["args"].get("dataset"))}
     for name in RESUMED_PIPELINE + RESUMED_DATA:
         if not hasattr(args, name) or (name not in saved_args and name not in PIPELINE_DEFAULTS):
             continue
@@ -313,9 +283,24 @@ def _keep_pipeline(args, meta, explicit, resume):
             what = "its data" if name in RESUMED_DATA else "it"
             shown = "(none)" if saved is None else saved
             raise UsageError(f"--resume {resume}: the run was trained with {flag(name)} {shown}; a resumed run "
-                             f"keeps {what} (leave {flag(name)} out, or give a new --out for a new run)")
+                             f"keeps {what} (leave {flag(name)} out, or start a new run without --resume)")
+        setattr(args, name, saved)
+    config = meta["model_config"]
+    for name, saved in saved_args.items():
+        if name in explicit or name in THIS_INVOCATION or not hasattr(args, name):
+            continue
+        if saved is None and name in MODEL_FLAGS and config.get(name) is not None:
+            saved = config[name]              # recorded as None by an older resume: the model's own value
         setattr(args, name, saved)
     check_data_flags(args)
+
+
+def started_with(meta, name):
+    """The value of flag ``name`` when the run started (before any resume changed it)."""
+    for entry in meta.get("resumes") or ():
+        if isinstance(entry, dict) and name in (entry.get("changed") or {}):
+            return entry["changed"][name][0]
+    return meta["args"].get(name)
 
 
 def check_resumable(resume, meta, args, explicit, script=None):
@@ -346,8 +331,31 @@ def check_resumable(resume, meta, args, explicit, script=None):
     if differences:
         raise UsageError(f"--resume {resume}: the model flags given differ from the checkpoint's model "
                          f"({meta['preset']}): {', '.join(differences)}; a resumed run keeps the checkpoint's "
-                         "architecture: leave these flags out, or give a new --out to train the new model")
-    _keep_pipeline(args, meta, explicit, resume)
+                         "architecture: leave these flags out, or start a new run without --resume to train the "
+                         "new model")
+    problem = _damaged(meta)
+    if problem:
+        raise UsageError(f"--resume {resume}: its metadata is damaged ({problem}); continue from another checkpoint "
+                         "(best.npz?), or start a new run without --resume")
+    _adopt_saved_args(args, meta, explicit, resume)
+
+
+def _damaged(meta):
+    """What is wrong with the training state a checkpoint's metadata holds, or None."""
+    try:
+        history = History.from_dict(meta["history"])
+    except (ValueError, TypeError) as err:
+        return f"its history: {err}"
+    epoch = meta["epoch"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        return f"epoch {epoch!r} is not a count of epochs"
+    if len(history) != epoch:
+        return f"epoch {epoch} but a history of {count(len(history), 'epoch')}"
+    if not isinstance(meta["rng"], np.random.Generator):
+        return "rng is not a saved random generator"
+    if not isinstance(meta.get("resumes", []), list):
+        return "resumes is not a list"
+    return None
 
 
 def check_classes(resume, meta, classes):
@@ -359,29 +367,43 @@ def check_classes(resume, meta, classes):
 
 
 def resume_into(resume, meta, model, opt, sched, args, explicit, loader, total, warmup):
-    """Load the checkpoint ``resume`` into the run; (History, epochs done). The lr and weight
-    decay are the checkpoint's unless given now; a run asked to go further (--epochs) stretches
-    its schedule, and says what that does to the learning rate."""
+    """Load the checkpoint ``resume`` into the run; (History, epochs done). ``args`` holds the run's flags
+    (``check_resumable``); those of ``CHANGEABLE`` given now with another value are said in one line and
+    appended to ``meta["resumes"]``; a run asked to go further (--epochs) stretches its schedule, and
+    says what that does to the learning rate."""
+    decay = [group["weight_decay"] for group in opt.param_groups]     # built with the decay in effect now
     checkpoint.load(resume, model, opt, sched)
     history, start = History.from_dict(meta["history"]), int(meta["epoch"])
     before, old_total = sched.get_lr(), sched.total_steps
-    for name in RESUMED_OPTIMISATION:  # the checkpoint's values, unless given again now
-        if name not in explicit:
-            setattr(args, name, meta["args"][name])
-    for group in opt.param_groups:
-        if group["weight_decay"]:  # the exempt groups (biases, norms) stay at 0
-            group["weight_decay"] = args.weight_decay
+    for group, weight_decay in zip(opt.param_groups, decay):          # the exempt groups (biases, norms) stay 0
+        group["weight_decay"] = weight_decay
     loader.rng.bit_generator.state = meta["rng"].bit_generator.state
     stretched = (sched.total_steps, sched.warmup_steps) != (total, warmup)
     state = {**sched.state_dict(), "base_lrs": [args.lr] * len(opt.param_groups)}
     if stretched:  # a longer (or shorter) run now
         state.update(total_steps=max(total, sched.step_count), warmup_steps=min(warmup, total))
     sched.load_state_dict(state)       # the learning rate of the step it is at, set in the optimizer
+    changed = {name: [meta["args"].get(name), getattr(args, name)] for name in CHANGEABLE
+               if name in explicit and hasattr(args, name) and meta["args"].get(name) != getattr(args, name)}
+    meta["resumes"] = [*(meta.get("resumes") or []), {"epoch": start, "changed": changed}]
     print(f"resuming {resume}: {count(start, 'epoch')} done, training until epoch {args.epochs}")
+    said = [f"{flag(k)} {_shown(k, new)} (until now {_shown(k, old)})" for k, (old, new) in changed.items()
+            if k != "epochs"]
+    if said:
+        print(f"changed on resume: {', '.join(said)}, from step {sched.step_count} on; the run's record keeps "
+              "the change (\"resumes\" in metrics.json and the checkpoint)")
     if stretched and start < args.epochs:
         kind = "cosine" if isinstance(sched, optim.WarmupCosine) else "linear"
-        print(f"schedule: --epochs {args.epochs} (the run was started with --epochs {meta['args'].get('epochs')}): "
-              f"the {kind} decay now reaches its end at step {sched.total_steps} instead of {old_total}; at step "
-              f"{sched.step_count} the learning rate goes from {before:.3g} to {sched.get_lr():.3g} "
-              "and decays from there")
+        first, planned = started_with(meta, "epochs"), meta["args"].get("epochs")
+        plan = (f"the run was started with --epochs {first}" if first == planned else
+                f"the run was started with --epochs {first} and continued with --epochs {planned}")
+        print(f"schedule: --epochs {args.epochs} ({plan}): the {kind} decay now reaches its end at step "
+              f"{sched.total_steps} instead of {old_total}; at step {sched.step_count} the learning rate goes from "
+              f"{before:.3g} to {sched.get_lr():.3g} and decays from there")
     return history, start
+
+
+def _shown(name, value):
+    if value is None:
+        return {"warmup": "5% of --epochs", "limit_batches": "all batches"}.get(name, "none")
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -25,12 +25,13 @@ from cli import (
     check_memory, count, explicit_flags, loss_function, make_model, make_parser, model_args, parameters,
 )
 from run_files import (
-    CONFUSION, OWN_DATA, RUN, check_classes, check_out, check_resumable, confusion, describe_test, final_test, guard,
-    keep_best, resume_into, resume_path, write_metrics,
+    CONFUSION, OWN_DATA, RUN, check_classes, check_resumable, confusion, describe_test, final_test, guard, keep_best,
+    resume_into, write_metrics,
 )
+from run_folder import open_out, resume_path
 
 from tinymlp import backend, checkpoint, data, optim, plot
-from tinymlp.data.tokenizer import Tokenizer
+from tinymlp.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from tinymlp.models import config as preset_config
 from tinymlp.train import History, evaluate, fit, format_epoch
 
@@ -196,12 +197,15 @@ def run(args, prepare, explicit, lm=False):
     if meta is not None:
         check_resumable(resume, meta, args, explicit, script="pretrain_mlm.py" if lm else "train_text_gmlp.py")
     check_data_flags(args)
-    check_out(args, out, resume)
     check_data_size(args, bytes_per_example=8 * getattr(args, "seq_len", 128))
     if meta is None and not getattr(args, "pretrained", None):    # too big: refused before data and tokenizer
-        bound = {**overrides, "vocab_size": args.max_vocab, "num_classes": 0 if lm else 2, "lm_head": lm}
+        # with the smallest vocabulary a tokenizer can have (--vocab-size is only its upper bound): the
+        # real one is checked when the model is built
+        bound = {**overrides, "vocab_size": len(SPECIAL_TOKENS) + 1, "num_classes": 0 if lm else 2, "lm_head": lm}
         cls, kwargs = preset_config(preset, **bound)
         check_memory(cls, kwargs, args, explicit, parameters(preset, bound), kwargs.get("seq_len"), MODEL_FLAGS)
+    folder = RUN["folder"] = open_out(args, out, resume)    # locked; maybe <out>-2 (see run_folder.py)
+    out = folder.path
     job = prepare(args, out, meta, preset, overrides)
     classes = job.get("classes")
     if meta is not None and classes is not None:
@@ -231,11 +235,7 @@ def run(args, prepare, explicit, lm=False):
           f"parameters | {job['describe']} | {len(tok):,} pieces, {kwargs['seq_len']} tokens | {args.device} | "
           f"{count(args.epochs, 'epoch')} x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
-    out.mkdir(parents=True, exist_ok=True)
-    if meta is None:                                 # a new run (--overwrite): no best epoch of another one
-        (out / BEST).unlink(missing_ok=True)
     RUN.update(out=out, resume=resume, started=time.time())
-    tok.save(out / TOKENIZER)      # this run's, also over an older run's file (--overwrite)
     show = False if args.no_progress else None
     bars = show is None and sys.stderr.isatty()
     loss_fn = job.get("loss_fn") or loss_function(args.label_smoothing)
@@ -243,15 +243,18 @@ def run(args, prepare, explicit, lm=False):
     report = job.get("report", lambda hist: format_epoch(hist, args.epochs, val_name=val_name, unit="samples"))
     preprocess = {"kind": "text", "seq_len": int(kwargs["seq_len"]), "paired": bool(job.get("paired"))}
     splits = job.get("splits")
+    resumes = meta["resumes"] if meta is not None else []
 
     def save_run(epoch, hist):
         checkpoint.save(out / CHECKPOINT, model, opt, sched, epoch=epoch, history=hist.to_dict(),
                         rng=train_loader.rng, preset=name, model_config=model.config, dataset=args.dataset,
                         classes=None if classes is None else list(classes), args=vars(args),
-                        tokenizer=tok.to_dict(), preprocess=preprocess)
+                        tokenizer=tok.to_dict(), preprocess=preprocess, resumes=resumes)
         keep_best(out, epoch, hist, lower_loss=lm)
-        write_metrics(out, args, model, hist, splits, lower_loss=lm)
+        tok.save(out / TOKENIZER)      # this run's, also over an older run's file (--overwrite)
+        write_metrics(out, args, model, hist, splits, lower_loss=lm, resumes=resumes)
         plot.training_curves(hist, out / CURVES, title=f"{name} on {args.dataset}", val_name=val_name)
+        folder.saved()                 # the first save: an overwritten run's other files go
         if not bars:
             print(report(hist), flush=True)
 
@@ -271,7 +274,7 @@ def run(args, prepare, explicit, lm=False):
         else:
             loss, acc = evaluate(model, val_loader, args.limit_batches, loss_fn)
         summary = job["done"](loss, acc)
-    write_metrics(out, args, model, history, splits, test, lower_loss=lm)
+    write_metrics(out, args, model, history, splits, test, lower_loss=lm, resumes=resumes)
     plotted = args.dataset in OWN_DATA and classes is not None and test_loader is not None
     if plotted:
         confusion(model, test_loader, classes, out / CONFUSION, args.limit_batches,

@@ -651,3 +651,53 @@ def test_loader_with_mixup_yields_soft_targets():
     x, y = next(iter(DataLoader(ds, 8, transform=Mixup(0.2, ds.num_classes))))
     assert y.shape == (8, 10) and y.dtype == np.float32
     np.testing.assert_allclose(y.numpy().sum(axis=1), 1, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- full disks and damaged names
+@pytest.fixture
+def file_size_limit():
+    """limit(n): files this process writes stop at n bytes (as on a full disk: EFBIG), until the test ends."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_full_disk_while_downloading_names_the_file_not_the_network(tmp_path, monkeypatch, file_size_limit):
+    tiny = make_tiny(tmp_path, "cifar10")
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    root = tmp_path / "data"
+    file_size_limit(4096)
+    with pytest.raises(DatasetError) as err:
+        CIFAR10(root=root, progress=False)
+    message = str(err.value)
+    assert f"writing {root / tiny.spec.filename} failed: File too large" in message
+    assert "network" not in message and tree(root) == []
+
+
+def test_a_full_disk_while_unpacking_names_the_folder_not_a_corrupt_archive(tmp_path, monkeypatch,
+                                                                          file_size_limit, no_network):
+    tiny = make_tiny(tmp_path, "cifar10")
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / tiny.spec.filename).write_bytes(tiny.archive.read_bytes())
+    file_size_limit(4096)
+    with pytest.raises(DatasetError) as err:
+        CIFAR10(root=root, progress=False)
+    message = str(err.value)
+    assert f"unpacking {root / tiny.spec.filename} into {root} failed: File too large" in message
+    assert "corrupted" not in message and tree(root) == [tiny.spec.filename]
+
+
+def test_a_label_name_file_that_is_not_utf8_is_named(tmp_path, monkeypatch, no_network):
+    tiny = make_tiny(tmp_path, "cifar10")
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    root = tmp_path / "data"
+    with tarfile.open(tiny.archive) as tar:
+        tar.extractall(root, filter="data")
+    meta = root / "cifar-10-batches-bin" / "batches.meta.txt"
+    meta.write_bytes(meta.read_bytes().replace(b"cat", b"c\xe4t"))
+    with pytest.raises(DatasetError, match=rf"{meta}, line 4: not UTF-8 text \(byte 0xe4\)"):
+        CIFAR10(root=root, progress=False)

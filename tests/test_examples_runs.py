@@ -35,20 +35,21 @@ def _arrays(path):
 # ---------------------------------------------------------------------- a new run never erases one
 @pytest.mark.parametrize("script,flags", [(MIXER, [*SMOKE, *TINY[MIXER]]), (CLS, TEXT_RUN), (MLM, TEXT_RUN)],
                          ids=["mixer", "text", "mlm"])
-def test_a_new_run_into_an_out_with_a_checkpoint_is_refused(tmp_path, script, flags):
+def test_a_rerun_writes_a_new_folder_and_overwrite_replaces(tmp_path, script, flags):
     out = tmp_path / "run"
     assert_ok(run(script, *flags, "--epochs", "1", "--out", out, cwd=tmp_path))
-    saved = (out / "checkpoint.npz").read_bytes()
+    saved = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    again = run(script, *flags, "--epochs", "1", "--seed", "3", "--out", out, cwd=tmp_path)
-    assert_clean_failure(again)
-    assert f"--out {out} already holds a run" in again.stderr
-    assert "--resume auto" in again.stderr and "--overwrite" in again.stderr
-    assert (out / "checkpoint.npz").read_bytes() == saved           # untouched
-    assert len(again.stderr.strip().splitlines()) == 1
+    again = run(script, *flags, "--epochs", "1", "--seed", "3", "--out", out, cwd=tmp_path)   # the same command
+    assert_ok(again)
+    assert again.stdout.startswith(f"note: {out} holds another run (checkpoint.npz (")
+    assert f"this run writes to {out}-2 (continue that one with --resume auto --out {out}" in again.stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == saved                   # untouched
+    assert read_meta(tmp_path / "run-2" / "checkpoint.npz")["args"]["seed"] == 3
 
     assert_ok(run(script, *flags, "--epochs", "1", "--seed", "3", "--overwrite", "--out", out, cwd=tmp_path))
     assert read_meta(out / "checkpoint.npz")["args"]["seed"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("run")) == ["run", "run-2"]
 
 
 def test_resuming_into_another_runs_out_is_refused(tmp_path):
@@ -249,7 +250,7 @@ def test_a_containers_cgroup_limit_is_read(tmp_path, monkeypatch):
     v1.mkdir(parents=True)
     (v1 / "memory.limit_in_bytes").write_text("1073741824\n")
     assert cli.cgroup_memory_limit(tmp_path / "sys", tmp_path / "proc") == 2**30
-    monkeypatch.setattr(cli, "cgroup_memory_limit", lambda: 2**20)
+    monkeypatch.setattr(tinymlp.backend, "cgroup_memory_limit", lambda: 2**20)
     assert cli.memory_limit("cpu") == (2**20, "allowed by this container's memory limit (cgroup)")
 
 

@@ -131,3 +131,84 @@ def test_no_temporary_files_in_the_system_folder_either(tmp_path, tok):
     before = set(os.listdir(tempfile.gettempdir()))
     tok.save(tmp_path / "vocab.json")
     assert {p for p in set(os.listdir(tempfile.gettempdir())) - before if p.endswith(".tmp")} == set()
+
+
+# ---------------------------------------------------------------------- a failed write names its path
+@pytest.mark.parametrize("code,words", [(28, "No space left on device"), (27, "File too large"),
+                                        (122, "Disk quota exceeded")])
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, code, words):
+    path = tmp_path / "out.txt"
+    atomic_write(path, write_text("old"))
+
+    def full(f):
+        f.write(b"half")
+        raise OSError(code, os.strerror(code))
+
+    with pytest.raises(OSError) as caught:
+        atomic_write(path, full, what="checkpoint.save")
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint.save: writing {path} failed") and os.strerror(code) in message
+    assert "is as it was" in message and len(message.splitlines()) == 1
+    assert caught.value.errno == code
+    assert path.read_text() == "old" and listing(tmp_path) == ["out.txt"]
+
+
+def test_the_process_file_size_limit_names_the_file(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from tinymlp.files import atomic_write; "
+            f"atomic_write({str(tmp_path / 'big.bin')!r}, lambda f: f.write(bytes(1 << 20)), what='save')")
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=capped,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode != 0
+    assert f"save: writing {tmp_path / 'big.bin'} failed: File too large" in result.stderr
+    assert listing(tmp_path) == []
+
+
+def test_a_killed_saves_temporary_is_removed_by_the_next_save_of_any_kind(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tinymlp.plot import token_mixing_weights
+
+    dead = tmp_path / ".w.png.999999999.abcd.tmp"       # a save killed mid-write by a process long gone
+    dead.write_bytes(b"half a png")
+    token_mixing_weights(np.eye(4), path=tmp_path / "w.png")
+    assert listing(tmp_path) == ["w.png"]
+
+
+# ---------------------------------------------------------------------- one writer per folder
+def test_a_folder_lock_is_held_once_and_released(tmp_path):
+    first = files.FolderLock(tmp_path).acquire()
+    with pytest.raises(files.FolderBusyError, match=rf"{tmp_path} is in use by another run \(process {os.getpid()}"):
+        files.FolderLock(tmp_path).acquire()
+    first.release()
+    with files.FolderLock(tmp_path):
+        assert listing(tmp_path) == [files.LOCK_NAME]
+    assert listing(tmp_path) == []
+
+
+def test_a_killed_holder_does_not_leave_the_folder_locked(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"from tinymlp.files import FolderLock; FolderLock({str(tmp_path)!r}).acquire(); "
+            "print('locked', flush=True); import time; time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(files.FolderBusyError, match=f"process {holder.pid}"):
+            files.FolderLock(tmp_path).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert files.LOCK_NAME in listing(tmp_path)          # the file is left, but not the lock
+    with files.FolderLock(tmp_path):
+        pass
+    assert listing(tmp_path) == []

@@ -304,3 +304,90 @@ def test_an_index_or_class_ids_changed_in_place_before_backward_are_refused():
     labels[0] = 2
     with pytest.raises(RuntimeError, match="was changed in place after forward"):
         loss.backward()
+
+
+# --------------------------------------------------------------------------- the last open cases
+FAR = np.array([-np.inf, -1e30, -40.0, 40.0, 1e30, np.inf], np.float32)
+LIMIT = np.maximum(FAR, 0)                    # GELU(x) -> 0 on the left, x on the right
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("tier", ["reference", "fast"])
+@pytest.mark.parametrize("approximate", [True, False], ids=["tanh", "erf"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_far_out_is_its_limit_not_nan(tier, approximate, dtype, device):
+    from tinymlp import functional as F
+    from tinymlp import fast
+    from tinymlp.backend import to_device
+
+    x = tinymlp.tensor(FAR, requires_grad=True, dtype=dtype, device=device)
+    with fast.disabled() if tier == "reference" else fast.enabled():
+        y = F.gelu(x, approximate=approximate)
+        y.backward(tinymlp.tensor(np.ones(len(FAR)), dtype=dtype, device=device))
+    np.testing.assert_array_equal(y.numpy(), LIMIT.astype(dtype))
+    np.testing.assert_array_equal(to_device(x.grad, "cpu"), np.array([0, 0, 0, 1, 1, 1], dtype))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_the_fast_gelu_kernels_far_out():
+    from tinymlp.fast import activation
+
+    for kernel in (activation.gelu_tanh_into, activation._gelu_erf_into):
+        y, d = np.empty_like(FAR), np.empty_like(FAR)
+        kernel(FAR.copy(), y, d)
+        np.testing.assert_array_equal(y, LIMIT)
+        np.testing.assert_array_equal(d, [0, 0, 0, 1, 1, 1])
+    numba = pytest.importorskip("numba")  # noqa: F841
+    from tinymlp.fast.kernels import activation_numba
+
+    for dtype in (np.float32, np.float64):
+        x = FAR.astype(dtype)
+        for want in (True, False):
+            y, d = activation_numba.gelu_tanh(x, want_derivative=want)
+            np.testing.assert_array_equal(y, LIMIT.astype(dtype))
+            if want:
+                np.testing.assert_array_equal(d, [0, 0, 0, 1, 1, 1])
+        y, d = activation_numba.gelu_tanh_bias(x.reshape(2, 3), np.zeros(3, dtype))
+        np.testing.assert_array_equal(y.ravel(), LIMIT.astype(dtype))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("name,value", [("lr", float("nan")), ("lr", float("inf")), ("lr", -1.0),
+                                        ("weight_decay", float("nan"))])
+def test_a_hyperparameter_set_after_construction_is_checked_at_step(kind, name, value):
+    model = tiny_model()
+    opt = optim.SGD(model.parameters(), lr=0.1) if kind == "sgd" else optim.AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = np.ones_like(p.data)
+    before = [p.data.copy() for p in model.parameters()]
+    opt.param_groups[0][name] = value
+    with pytest.raises(ValueError, match=rf"\.step \(param_groups\[0\]\): {name}={value!r}"):
+        opt.step()
+    assert all(np.array_equal(b, p.data) for b, p in zip(before, model.parameters()))     # nothing applied
+
+
+def test_tokenizer_train_and_encode_batch_refuse_one_string():
+    with pytest.raises(TypeError, match=r"Tokenizer.train: texts is one string; give an iterable of texts"):
+        Tokenizer.train("a fine film, a dull film", vocab_size=40)
+    with pytest.raises(TypeError, match=r"Tokenizer.train: texts\[1\] is a int, not a string"):
+        Tokenizer.train(["a film", 3], vocab_size=40)
+    tok = Tokenizer.train(["a fine film", "a dull film"] * 3, vocab_size=40)
+    with pytest.raises(TypeError, match=r"encode_batch: texts is one string"):
+        tok.encode_batch("a fine film")
+
+
+def test_encode_batch_without_max_len_pads_to_the_longest():
+    tok = Tokenizer.train(["a fine film", "a dull film with a thin plot"] * 3, vocab_size=60)
+    ids, segments = tok.encode_batch(["a film", "a dull film with a thin plot"], max_len=None)
+    long_ids, _ = tok.encode("a dull film with a thin plot", max_len=None)
+    short_ids, _ = tok.encode("a film", max_len=None)
+    assert ids.shape == segments.shape == (2, len(long_ids)) and ids[1].tolist() == long_ids
+    assert ids[0].tolist() == short_ids + [tok.pad_id] * (len(long_ids) - len(short_ids))
+    assert tok.encode_batch([], max_len=None)[0].shape == (0, 0)
+
+
+def test_a_tensor_made_from_a_tensor_that_requires_grad_is_refused():
+    t = tinymlp.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(TypeError, match=r"tensor\(\): the data is or holds tensors that require grad.*detach"):
+        tinymlp.tensor(t * 2)
+    assert tinymlp.tensor(t.detach()).tolist() == [1.0, 2.0]

@@ -131,7 +131,9 @@ def test_tolist_cpu_float_double():
 
 def test_tensor_from_a_tensor_copies_no_graph():
     x = tensor([1.0, 2.0], requires_grad=True)
-    y = tensor(x * 2)
+    with pytest.raises(TypeError, match="require grad"):       # it would be cut off its graph silently
+        tensor(x * 2)
+    y = tensor((x * 2).detach())
     assert y.is_leaf and not y.requires_grad
     np.testing.assert_array_equal(y.numpy(), [2.0, 4.0])
 

@@ -9,6 +9,10 @@ one GPU per process, the first one CuPy sees: to run on another, choose it befor
 starts, ``CUDA_VISIBLE_DEVICES=2 python train.py --device cuda``. (A ``"cuda:N"`` for N > 0 would
 need every array, kernel launch, loader batch, optimizer buffer and random generator to make
 GPU N current first; refusing it is simpler than getting one of those silently wrong.)
+
+``memory_limit(device)`` says how much memory this process may use there (the GPU's; on the CPU the
+smallest of the machine's, its container's and its ``ulimit``), for the checks that refuse a model
+too big to train or to load before it is built.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import operator
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 from numpy.exceptions import AxisError
@@ -31,11 +36,13 @@ __all__ = [
     "cuda_status",
     "cuda_ready",
     "add_cuda_check",
+    "cgroup_memory_limit",
     "INSTALL_CUPY",
     "device_constant",
     "device_of",
     "get_cupy",
     "is_float_dtype",
+    "memory_limit",
     "module_for_device",
     "parse_device",
     "require_float",
@@ -249,6 +256,68 @@ def module_for_device(device):
     """numpy for "cpu", cupy for a CUDA device (raising a clear error if unusable)."""
     device = parse_device(device)
     return np if device == "cpu" else get_cupy(device)
+
+
+# ---------------------------------------------------------------------- how much memory there is
+def memory_limit(device) -> tuple[int | None, str]:
+    """(bytes, where the bound comes from) of the memory this process may use on ``device``: the
+    GPU's; on the CPU the smallest of the machine's RAM, the container's limit (cgroup v2
+    ``memory.max`` or v1 ``memory.limit_in_bytes``) and the process's own (``ulimit -v``, ``-d``)."""
+    if device == "cuda":
+        try:
+            return int(module_for_device("cuda").cuda.Device().mem_info[1]), "of memory on this cuda"
+        except (ValueError, OSError, AttributeError):
+            return None, "of memory on this cuda"
+    bounds = []
+    try:
+        bounds.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "of memory on this cpu"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    cgroup = cgroup_memory_limit()
+    if cgroup is not None:
+        bounds.append((cgroup, "allowed by this container's memory limit (cgroup)"))
+    try:
+        import resource
+    except ImportError:                                        # Windows: no ulimit
+        resource = None
+    for which, flag_ in ((getattr(resource, "RLIMIT_AS", None), "-v"), (getattr(resource, "RLIMIT_DATA", None), "-d")):
+        if which is None:
+            continue
+        soft = resource.getrlimit(which)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            bounds.append((soft, f"allowed by this process's memory limit (ulimit {flag_})"))
+    return min(bounds) if bounds else (None, "of memory here")
+
+
+def cgroup_memory_limit(root="/sys/fs/cgroup", membership="/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's cgroup in bytes (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), None when there is none or it cannot be read."""
+    try:
+        lines = Path(membership).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.lstrip("/")
+        if controllers == "":                                  # v2: one unified hierarchy
+            candidates = [Path(root) / path / "memory.max", Path(root) / "memory.max"]
+        elif "memory" in controllers.split(","):               # v1: the memory controller's own tree
+            candidates = [Path(root) / "memory" / path / "memory.limit_in_bytes",
+                          Path(root) / "memory" / "memory.limit_in_bytes"]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                text = candidate.read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 2**60:            # "max", or v1's huge "unlimited"
+                return int(text)
+            break
+    return None
 
 
 def array_module(x):

@@ -222,8 +222,8 @@ def _write_atomically(path, arrays):
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, f"checkpoint.save: the folder {folder} does not exist "
                                 f"(create it first, e.g. os.makedirs({folder!r}))", folder)
-    files.remove_stale_temporaries(path)      # what a save killed mid-write left
-    # a folder, a read-only file or a symbolic link at `path`: refused or said, as for every save
+    # as every save: a killed save's leftover removed first; a folder, a read-only file or a symbolic
+    # link at `path` refused or said; a full disk named
     files.atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **arrays), what="checkpoint.save")
 
 

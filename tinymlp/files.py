@@ -1,6 +1,7 @@
 """Files written whole and read with care: ``atomic_write`` (a failure never leaves half a file),
 the one naming of the temporary files and folders that stand in for a file until it is complete,
-and ``npz_problem``, which reads the headers of an ``.npz`` file's arrays before any is loaded.
+``npz_problem`` and ``npz_headers``, which read the headers of an ``.npz`` file's arrays before any
+is loaded, and ``FolderLock``, which lets one run at a time write into a folder.
 
     atomic_write("run/vocab.json", lambda f: f.write(data), what="Tokenizer.save")
 
@@ -8,10 +9,11 @@ The file is written under a temporary name in the destination folder
 (``.<name>.<pid>.<random>.tmp``, see ``temporary_file``), flushed to disk, then renamed over
 ``path`` in one step (``os.replace``): a reader sees the old file or the new one, never a mix,
 and a crash leaves the old file as it was. Whatever stops the save (an error in ``write``, a
-full disk, Ctrl-C), the temporary file is removed. A process killed mid-write cannot remove
-its own: ``remove_stale_temporaries(path)`` deletes those whose process is gone (checkpoints
-call it before every save). A download or an unpacked archive uses the same naming with its
-own suffix (``.part``, ``.unpacking``).
+full disk, Ctrl-C), the temporary file is removed; a write the system refuses (a full disk, a
+quota, the process's file-size limit) is an ``OSError`` of the same errno whose one sentence names
+the path. A process killed mid-write cannot remove its own: ``remove_stale_temporaries(path)``
+deletes those whose process is gone, and every save calls it first. A download or an unpacked
+archive uses the same naming with its own suffix (``.part``, ``.unpacking``).
 
 What the destination can be, and what happens:
 
@@ -29,16 +31,20 @@ What the destination can be, and what happens:
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
 import math
 import os
 import stat
+import sys
 import tempfile
 import warnings
 import zipfile
 
 import numpy as np
 
-__all__ = ["atomic_write", "npz_problem", "remove_stale_temporaries", "temporary_file", "temporary_folder"]
+__all__ = ["FolderBusyError", "FolderLock", "LOCK_NAME", "atomic_write", "npz_headers", "npz_problem",
+           "remove_stale_temporaries", "temporary_file", "temporary_folder", "write_failed"]
 
 
 # ---------------------------------------------------------------------- temporary names
@@ -109,6 +115,7 @@ def atomic_write(path, write, *, what="save", binary=True):
     path = os.fspath(path)
     target = _destination(path, what)
     folder = os.path.dirname(target)
+    remove_stale_temporaries(target)            # what a save killed mid-write left
     try:
         fd, tmp = temporary_file(target)
     except PermissionError:
@@ -124,6 +131,12 @@ def atomic_write(path, write, *, what="save", binary=True):
             os.fsync(f.fileno())
         os.chmod(tmp, _file_mode(target))
         os.replace(tmp, target)        # atomic: readers see the old file or the new one, never a mix
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if exc.errno is None:          # raised by ``write`` with its own message
+            raise
+        raise write_failed(exc, path, what) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -135,6 +148,21 @@ def atomic_write(path, write, *, what="save", binary=True):
         finally:
             os.close(dir_fd)
     return target
+
+
+SPACE = {errno.ENOSPC: "free some space or save elsewhere", errno.EFBIG: "the file is larger than this process "
+         "may write (ulimit -f) or than the file system holds; raise the limit or save elsewhere",
+         getattr(errno, "EDQUOT", -1): "your disk quota is used up; free some space or save elsewhere"}
+
+
+def write_failed(exc: OSError, path, what) -> OSError:
+    """``exc`` (a write the system refused) as the same kind of OSError whose message names ``path``
+    and says that the file there, if any, is as it was."""
+    hint = SPACE.get(exc.errno, "save elsewhere")
+    error = type(exc)(f"{what}: writing {path} failed: {exc.strerror or exc}; the file there, if any, is as it "
+                      f"was ({hint})")
+    error.errno = exc.errno            # (strerror and filename stay unset: they would replace the message)
+    return error
 
 
 def _destination(path, what):
@@ -172,17 +200,20 @@ def _file_mode(path):
 
 
 # ---------------------------------------------------------------------- reading an .npz
-def npz_problem(path):
-    """What is wrong with the arrays of the ``.npz`` file ``path``, in a sentence, or None.
+def npz_headers(path) -> dict:
+    """{array name: (shape, dtype)} of the ``.npz`` file ``path``, read from the arrays' headers alone
+    (nothing is allocated); arrays whose header cannot be read are left out, and a file that is not
+    a zip at all gives {}."""
+    return {name: h[:2] for name, h in _npz_members(path).items() if not isinstance(h, str)}
 
-    Only the headers are read, before anything is allocated: an array that needs pickle (an
-    object array), or one whose header declares more bytes than its member holds (a damaged file
-    whose shape would ask NumPy for terabytes, a raw MemoryError) is named with its shape. A file
-    that is not a zip at all is left to the caller's own message (None)."""
+
+def _npz_members(path) -> dict:
+    """{array name: (shape, dtype, bytes its member holds), or the class name of the error reading it}."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError):
-        return None
+        return {}
+    members = {}
     with archive:
         for info in archive.infolist():
             if not info.filename.endswith(".npy"):
@@ -197,15 +228,104 @@ def npz_problem(path):
                         shape, _, dtype = np.lib.format.read_array_header_2_0(f)
                     else:
                         continue                        # a newer format: np.load reads it
-                    offset = f.tell()
+                    members[name] = (tuple(shape), dtype, info.file_size - f.tell())
             except Exception as err:   # a damaged header: ValueError, zlib.error, EOFError, ...
-                return f"the array {name!r} has a damaged header ({type(err).__name__})"
-            if dtype.hasobject:
-                return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; "
-                        "tinymlp never unpickles: save plain numeric arrays (and text as a string array)")
-            declared = math.prod(shape) * dtype.itemsize
-            held = info.file_size - offset
-            if declared > held:
-                return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) "
-                        f"but holds {max(held, 0):,} bytes: the file is damaged or truncated")
+                members[name] = type(err).__name__
+    return members
+
+
+def npz_problem(path):
+    """What is wrong with the arrays of the ``.npz`` file ``path``, in a sentence, or None.
+
+    Only the headers are read, before anything is allocated: an array that needs pickle (an
+    object array), or one whose header declares more bytes than its member holds (a damaged file
+    whose shape would ask NumPy for terabytes, a raw MemoryError) is named with its shape. A file
+    that is not a zip at all is left to the caller's own message (None)."""
+    for name, header in _npz_members(path).items():
+        if isinstance(header, str):
+            return f"the array {name!r} has a damaged header ({header})"
+        shape, dtype, held = header
+        if dtype.hasobject:
+            return (f"the array {name!r} holds Python objects (dtype {dtype}), which need pickle to be read; "
+                    "tinymlp never unpickles: save plain numeric arrays (and text as a string array)")
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > held:
+            return (f"the array {name!r} declares the shape {tuple(shape)} of {dtype} ({declared:,} bytes) "
+                    f"but holds {max(held, 0):,} bytes: the file is damaged or truncated")
     return None
+
+
+# ---------------------------------------------------------------------- one writer per folder
+LOCK_NAME = ".tinymlp.lock"
+
+
+class FolderBusyError(RuntimeError):
+    """A folder that another process holds a ``FolderLock`` on; ``holder``: what it wrote in the lock."""
+
+    def __init__(self, folder, holder):
+        self.folder, self.holder = folder, holder
+        super().__init__(f"{folder} is in use by another run ({holder or 'a process that wrote no details'}); "
+                         "wait for it to end, or write somewhere else")
+
+
+class FolderLock:
+    """One writer at a time in ``folder``: an exclusive ``flock`` on ``folder/.tinymlp.lock``.
+
+        with FolderLock("runs/pets"):          # or lock = FolderLock(path).acquire(); ...; lock.release()
+            ...
+
+    The operating system lets go of the lock when its process ends, killed or not, so a killed run
+    never leaves a folder locked (the file stays until the next holder removes it). ``acquire``
+    does not wait: a folder locked by another process is a ``FolderBusyError`` naming that process
+    (its pid, when it started, its command). The lock is advisory (only ``FolderLock`` looks at it)
+    and a no-op where ``fcntl`` does not exist (Windows)."""
+
+    def __init__(self, folder):
+        self.folder = os.fspath(folder)
+        self.path = os.path.join(self.folder, LOCK_NAME)
+        self._fd = None
+
+    def acquire(self) -> FolderLock:
+        try:
+            import fcntl
+        except ImportError:       # no flock here: one run at a time is up to the user
+            return self
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                raise FolderBusyError(self.folder, holder) from None
+            try:                  # the file locked must still be the one at the path (a holder removes it)
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        started = datetime.datetime.now().isoformat(sep=" ", timespec="seconds")
+        command = " ".join(sys.argv) if sys.argv and sys.argv[0] else "python"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()}, started {started}: {command}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and let go of the lock (nothing when it is not held)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

@@ -52,16 +52,17 @@ def check_hyperparameter(owner, name, value, low=0.0, high=None, low_open=False,
         number = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{owner}: {name} must be a number, got {value!r}") from None
+    finite = math.isfinite(number)
+    too_low = low is not None and (number < low or (low_open and number == low))
+    too_high = high is not None and (number > high or (high_open and number == high))
+    if finite and not too_low and not too_high:     # (checked every step: the message is built only when needed)
+        return number
     left = f"{low:g} {'<' if low_open else '<='} " if low is not None else ""
     right = f" {'<' if high_open else '<='} {high:g}" if high is not None else ""
     expected = f"expected {left}{name}{right}"
-    if not math.isfinite(number):
+    if not finite:
         raise ValueError(f"{owner}: {name}={value!r} is not a finite number; {expected}")
-    too_low = low is not None and (number < low or (low_open and number == low))
-    too_high = high is not None and (number > high or (high_open and number == high))
-    if too_low or too_high:
-        raise ValueError(f"{owner}: {name}={value!r} is out of range; {expected}")
-    return number
+    raise ValueError(f"{owner}: {name}={value!r} is out of range; {expected}")
 
 
 def _is_count(value) -> bool:
@@ -156,8 +157,8 @@ class Optimizer:
         self.flat_state = None    # the fast tier's flat buffers (None: rebuilt at its next step)
 
     # ------------------------------------------------------------------ hyperparameters
-    def _check_hyper(self, group):
-        name = type(self).__name__
+    def _check_hyper(self, group, name=None):
+        name = name or type(self).__name__
         check_hyperparameter(name, "lr", group["lr"])
         check_hyperparameter(name, "weight_decay", group.get("weight_decay", 0.0))
         if "momentum" in group:
@@ -204,7 +205,10 @@ class Optimizer:
                 p.grad = None
 
     def step(self):
-        """Update every parameter that has a gradient, in place."""
+        """Update every parameter that has a gradient, in place. The groups' hyperparameters are
+        checked first (a value set since, ``param_groups[0]["lr"] = nan``, is refused, not applied)."""
+        for gi, group in enumerate(self.param_groups):
+            self._check_hyper(group, f"{type(self).__name__}.step (param_groups[{gi}])")
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -34,17 +36,18 @@ import numpy as np
 
 from . import checkpoint, models
 from .grad_mode import no_grad
-from .backend import CudaUnavailableError, to_device
+from .backend import CudaUnavailableError, memory_limit, to_device
 from .checkpoint import CheckpointError
 from .data import DatasetError, Tokenizer
 from .data.folder import IMAGE_SUFFIXES, as_images, read_image, resize_images
 from .data.loader import DataLoader, ImageDataset, as_count
 from .data.text_loader import TokenDataset, TokenLoader
 from .data.transforms import Compose, Normalize, Resize
+from .files import npz_headers
 from .nn import Module
 
 __all__ = ["CHECKPOINT_NAMES", "PredictError", "Predictor", "architecture", "checkpoint_path", "load", "load_model",
-           "main", "model_class", "predict"]
+           "main", "model_class", "predict", "preprocessing_problem", "printable"]
 
 CHECKPOINT_NAMES = ("best.npz", "checkpoint.npz")      # what a run folder is read from, in this order
 
@@ -95,12 +98,81 @@ def load_model(path, device="cpu"):
                               "names no preset and model_config): load it with tinymlp.checkpoint.load into the "
                               "model it was saved from")
     cls, kwargs = architecture(meta)
+    _check_size(path, meta, device)
     try:
         model = cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: its model_config does not make a {cls.__name__} ({err})") from None
+    except MemoryError:
+        raise CheckpointError(f"{path}: not enough memory to build its {cls.__name__}") from None
     checkpoint.load(path, model)
     return model.to(device).eval(), meta
+
+
+def _check_size(path, meta, device):
+    """Before a model is built: its config must describe no more parameters than the file holds (a
+    damaged or edited config could ask for terabytes), and loading it (the file's arrays and the
+    model's, side by side) must fit in the memory this process may use on ``device``."""
+    arrays = {k: v for k, v in npz_headers(path).items() if k.startswith("model/")}
+    held = sum(math.prod(shape) for shape, _ in arrays.values())
+    held_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in arrays.values())
+    if meta["preset"] in models.PRESETS:
+        try:
+            described = models.num_parameters(meta["preset"], **meta["model_config"])
+        except Exception:          # a config the constructor refuses: it says why
+            described = None
+        if described is not None and described > held:
+            raise CheckpointError(f"{path}: its model_config describes a model of {described:,} parameters, but the "
+                                  f"file holds {held:,}: a damaged or edited checkpoint")
+    available, where = memory_limit(device)
+    if available is not None and 2 * held_bytes > available:
+        raise CheckpointError(f"{path}: its model ({held:,} parameters) needs about {_size(2 * held_bytes)} to load, "
+                              f"more than the {_size(available)} {where}")
+
+
+def _size(n) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+# ---------------------------------------------------------------------- what a checkpoint's preprocessing may be
+def preprocessing_problem(kind, mean=None, std=None, size=None, image_size=None, seq_len=None, paired=None):
+    """What is wrong with a preprocessing record (a checkpoint's ``preprocess``), in a sentence, or
+    None: per-channel ``mean`` and ``std`` of 3 finite numbers (``std`` positive), ``size`` and
+    ``image_size`` whole numbers of pixels, a text model's ``seq_len`` a whole number of tokens."""
+    def whole(value):
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+    if kind == "text":
+        if not whole(seq_len) or seq_len < 3:
+            return f"its preprocessing's seq_len is {seq_len!r} (expected a whole number of tokens, at least 3)"
+        if paired not in (None, True, False):
+            return f"its preprocessing's paired is {paired!r} (expected true or false)"
+        return None
+    for name, values in (("mean", mean), ("std", std)):
+        if values is None:
+            continue
+        if not isinstance(values, (list, tuple, np.ndarray)) or len(values) != 3:
+            count = f"has {len(values)} values" if isinstance(values, (list, tuple, np.ndarray)) else f"is {values!r}"
+            return f"its preprocessing's {name} {count} (expected 3, one per channel)"
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v) \
+                    or (name == "std" and v <= 0):
+                shown = f"{v:g}" if isinstance(v, (int, float, np.number)) and not isinstance(v, bool) else repr(v)
+                expected = "positive finite numbers" if name == "std" else "finite numbers"
+                return f"its preprocessing's {name} holds {shown} (expected {expected})"
+    if size is not None and not whole(size):
+        return f"its preprocessing's size is {size!r} (expected a whole number of pixels, at least 1)"
+    sides = image_size if isinstance(image_size, (tuple, list)) else (image_size,)
+    if image_size is not None and (len(sides) not in (1, 2) or not all(whole(side) for side in sides)):
+        return f"its preprocessing's image_size is {image_size!r} (expected a whole number of pixels, or two)"
+    return None
+
+
+def _outputs(model):
+    """The number of classes a classifier's head gives (None when its config does not say)."""
+    config = getattr(model, "config", None)
+    outputs = config.get("num_classes") if isinstance(config, dict) else None
+    return outputs if isinstance(outputs, int) and outputs > 0 else None
 
 
 # ---------------------------------------------------------------------- the predictor
@@ -111,10 +183,10 @@ class Predictor:
     keywords ``mean``, ``std``, ``size`` and ``image_size`` override its ``preprocess`` record
     (a checkpoint written before it was kept needs them)."""
 
-    def __init__(self, model, classes, *, tokenizer=None, seq_len=None, mean=None, std=None, size=None,
+    def __init__(self, model, classes, *, tokenizer=None, seq_len=None, paired=None, mean=None, std=None, size=None,
                  image_size=None, source="the model", batch_size=256):
         self.model, self.classes, self.source = model, [str(c) for c in classes], source
-        self.tokenizer, self.seq_len = tokenizer, seq_len
+        self.tokenizer, self.seq_len, self.paired = tokenizer, seq_len, paired
         self.kind = "text" if tokenizer is not None else "image"
         self.mean, self.std, self.size, self.image_size = mean, std, size, image_size
         self.batch_size = as_count(batch_size, "Predictor: batch_size")
@@ -122,6 +194,13 @@ class Predictor:
             raise PredictError(f"{source} does not record the preprocessing of its images (mean, std, size), "
                                "which a checkpoint of the example scripts keeps in meta['preprocess']: pass "
                                "mean=, std= and size= to Predictor")
+        problem = preprocessing_problem(self.kind, mean=mean, std=std, size=size, image_size=image_size,
+                                        seq_len=seq_len)
+        if problem:
+            raise PredictError(f"{source}: {problem}")
+        outputs = _outputs(model)
+        if outputs is not None and outputs != len(self.classes):
+            raise PredictError(f"{source}: {len(self.classes)} class names for a model of {outputs} outputs")
 
     @classmethod
     def from_checkpoint(cls, path, device="cpu", **overrides):
@@ -133,21 +212,31 @@ class Predictor:
                                "words, not classes; fine-tune it into a classifier with examples/train_text_gmlp.py "
                                f"--pretrained {path}")
         classes = meta.get("classes")
-        if not classes:
+        if not classes or not isinstance(classes, list):
             raise PredictError(f"{path}: the checkpoint names no classes, so its outputs cannot be named")
-        model, meta = load_model(path, device)
+        outputs = config.get("num_classes")
+        if outputs is not None and outputs != len(classes):
+            raise CheckpointError(f"{path} names {len(classes)} classes ({', '.join(map(str, classes))}) but its "
+                                  f"model has {outputs} outputs: a damaged or edited checkpoint")
         pre = meta.get("preprocess") if isinstance(meta.get("preprocess"), dict) else {}
+        if "tokenizer" in meta:
+            settings = dict(seq_len=pre.get("seq_len", config.get("seq_len")), paired=pre.get("paired"))
+        else:
+            size = pre.get("image_size", config.get("image_size"))
+            settings = dict(mean=pre.get("mean"), std=pre.get("std"), size=pre.get("size"),
+                            image_size=tuple(size) if isinstance(size, list) else size)
+        settings = {**settings, **overrides}
+        problem = preprocessing_problem("text" if "tokenizer" in meta else "image", **settings)
+        if problem:
+            raise CheckpointError(f"{path}: {problem}")
+        model, meta = load_model(path, device)
         if "tokenizer" in meta:
             try:
                 tokenizer = Tokenizer.from_dict(meta["tokenizer"], source=f"{path}: its stored tokenizer")
             except ValueError as err:
                 raise CheckpointError(str(err)) from None
-            seq_len = int(pre.get("seq_len", config.get("seq_len")))
-            return cls(model, classes, tokenizer=tokenizer, seq_len=seq_len, source=str(path), **overrides)
-        size = pre.get("image_size", config.get("image_size"))
-        settings = dict(mean=pre.get("mean"), std=pre.get("std"), size=pre.get("size"),
-                        image_size=size if isinstance(size, int) else tuple(size) if size else None)
-        return cls(model, classes, source=str(path), **{**settings, **overrides})
+            return cls(model, classes, tokenizer=tokenizer, source=str(path), **settings)
+        return cls(model, classes, source=str(path), **settings)
 
     def __repr__(self):
         what = f"{len(self.classes)} classes"
@@ -224,6 +313,12 @@ class Predictor:
             inputs = [inputs]
         if isinstance(inputs, np.ndarray) or not all(isinstance(t, (str, tuple)) for t in inputs):
             raise PredictError(f"{self.source} is a text model; give it strings (or (text, pair) tuples)")
+        for t in inputs:
+            if self.paired is False and isinstance(t, tuple):
+                raise PredictError(f"{self.source} is a model of single texts: {t!r} is a pair; give it one text")
+            if self.paired and not (isinstance(t, tuple) and len(t) == 2):
+                raise PredictError(f"{self.source} is a model of sentence pairs: {t!r} is one text; give it "
+                                   "(text, pair) tuples")
         texts = [t if isinstance(t, str) else t[0] for t in inputs]
         pairs = [t[1] for t in inputs] if any(isinstance(t, tuple) for t in inputs) else None
         ids = self.tokenizer.encode_batch(texts, pairs, self.seq_len)[0] if texts else np.zeros((0, self.seq_len))
@@ -262,38 +357,71 @@ def _image_files(inputs):
     return files
 
 
-def _text_lines(inputs, texts):
-    """(texts, where each came from): the --text strings, then each file's non-empty lines (a
-    tab-separated line is a sentence pair)."""
+def _text_lines(inputs, texts, paired=None):
+    """(text or (text, pair), (file, line number) or None) of the --text strings, then of each file's
+    non-empty lines. A tab separates a sentence pair's two texts for a pair model (``paired``), and
+    is an ordinary character for a model of single texts; a checkpoint that does not say (None)
+    reads a line with a tab as a pair."""
     from .data.textfile import numbered_lines
 
-    items = [(t, None) for t in texts]
+    def read(text, where):
+        if paired is False or "\t" not in text:
+            if paired:
+                place = f"{where[0]}, line {where[1]}" if where else f"--text {text!r}"
+                raise PredictError(f"{place}: a sentence-pair model needs a text and its pair, separated by a tab")
+            return text
+        return tuple(part.strip() for part in text.split("\t", 1))
+
+    items = [(read(t, None), None) for t in texts]
     for given in inputs:
         path = Path(given)
         if path.is_dir():
             raise PredictError(f"{path}: a folder; a text model reads files of one text a line, or --text")
-        for n, line in numbered_lines(path):
-            items.append((tuple(line.split("\t", 1)) if "\t" in line else line, f"{path}:{n}"))
+        items += [(read(line, (path, n)), (path, n)) for n, line in numbered_lines(path)]
     return items
 
 
-def _show(result, top):
+def _show(result, top, shorten):
+    """'<input>: cat 91.2%, dog 8.8%': a long text cut to 60 characters (``shorten``), a file name whole."""
     shown = result["input"]
-    if isinstance(shown, str) and len(shown) > 60:
+    if shorten and isinstance(shown, str) and len(shown) > 60:
         shown = shown[:57] + "..."
     picks = result["top"][:top]
     return f"{shown}: " + ", ".join(f"{r['class']} {100 * r['probability']:.1f}%" for r in picks)
 
 
+def printable(text) -> str:
+    """``text`` as it can be printed anywhere: a file name's undecodable bytes (which ``os.fsdecode``
+    keeps as lone surrogates) as ``\\xNN``."""
+    return str(text).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _write(stream, text):
+    """One line on ``stream``, whatever its encoding: what it cannot encode is written ``\\xNN``."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(printable(text).encode(encoding, "backslashreplace").decode(encoding) + "\n")
+
+
+def _utf8(stream) -> bool:
+    import codecs
+
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name == "utf-8"
+    except LookupError:
+        return False
+
+
 def main(argv=None) -> int:
-    """``python -m tinymlp predict``: the exit status (0 ok, 2 a problem said in one line)."""
+    """``python -m tinymlp predict``: the exit status (0 ok, 2 a problem said in one line; 141 when the
+    reader of the output went away, as ``| head`` does)."""
     p = argparse.ArgumentParser(
         prog="python -m tinymlp predict",
         description="Classify images or texts with a trained model: each input's class and probability.")
     p.add_argument("model", metavar="RUN_OR_CHECKPOINT",
                    help="a run's --out folder (its best.npz, else checkpoint.npz) or a checkpoint file")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="image files or folders (an image model); files of one text a line (a text model)")
+                   help="image files or folders (an image model); files of one text a line (a text model; a "
+                        "sentence-pair model's lines hold the text, a tab, and its pair)")
     p.add_argument("--text", action="append", default=[], metavar="TEXT", help="a text to classify (repeatable)")
     p.add_argument("--top", type=int, default=1, metavar="K", help="the K most probable classes of each input")
     p.add_argument("--json", action="store_true",
@@ -307,28 +435,34 @@ def main(argv=None) -> int:
         if predictor.kind == "image":
             if args.text:
                 raise PredictError(f"--text: {predictor.source} is an image model; give it image files or folders")
-            files = _image_files(args.inputs)
-            inputs, names = files, [str(f) for f in files]
+            inputs = _image_files(args.inputs)
+            names = [printable(f) for f in inputs]
         else:
-            items = _text_lines(args.inputs, args.text)
-            inputs, names = [text for text, _ in items], [where for _, where in items]
+            items = _text_lines(args.inputs, args.text, predictor.paired)
+            inputs, places = [text for text, _ in items], [where for _, where in items]
         if not inputs:
             raise PredictError("nothing to classify: give " + ("image files or folders" if predictor.kind == "image"
                                                                 else "--text TEXT or files of one text a line"))
         results = predictor.predict(inputs, args.top)
     except (PredictError, CheckpointError, DatasetError, CudaUnavailableError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        _write(sys.stderr, f"error: {err}")
         return 2
-    print(f"{predictor!r}", file=sys.stderr)
-    if predictor.kind == "text":
-        for result, where in zip(results, names):
-            if where is not None:
-                result["file"], result["line"] = where.rsplit(":", 1)[0], int(where.rsplit(":", 1)[1])
-    if args.json:
-        print(json.dumps(results, indent=1, ensure_ascii=False))
-    else:
-        for result in results:
-            print(_show(result, args.top))
+    for i, result in enumerate(results):
+        if predictor.kind == "image":
+            result["input"] = names[i]
+        elif places[i] is not None:
+            result["file"], result["line"] = printable(places[i][0]), places[i][1]
+    try:
+        _write(sys.stderr, repr(predictor))
+        if args.json:
+            _write(sys.stdout, json.dumps(results, indent=1, ensure_ascii=not _utf8(sys.stdout)))
+        else:
+            for result in results:
+                _write(sys.stdout, _show(result, args.top, shorten=predictor.kind == "text"))
+        sys.stdout.flush()
+    except BrokenPipeError:               # the reader is gone (| head): stop, as a process killed by SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 

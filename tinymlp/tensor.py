@@ -21,12 +21,12 @@ __all__ = ["Tensor", "tensor"]
 
 def _as_array(data, dtype, device):
     """Turn ``data`` (array, list, scalar, Tensor) into an array of ``dtype`` on ``device``."""
-    if isinstance(data, Tensor):
+    if isinstance(data, Tensor) and not data.requires_grad:
         data = data.data
-    elif isinstance(data, (list, tuple)) and _holds_graph_tensor(data):
-        raise TypeError("tensor(): the list holds tensors that require grad, and a new tensor would cut them "
-                        "off the graph (no gradient would reach them); to keep the gradient use "
-                        "tinymlp.stack([...]) or tinymlp.concatenate([...]); for constants, the tensors' "
+    elif isinstance(data, Tensor) or (isinstance(data, (list, tuple)) and _holds_graph_tensor(data)):
+        raise TypeError("tensor(): the data is or holds tensors that require grad, and a new tensor would cut "
+                        "them off the graph (no gradient would reach them); to keep the gradient use the tensor, "
+                        "or tinymlp.stack([...]) or tinymlp.concatenate([...]) for a list; for a constant, "
                         ".detach() first")
     return as_array(data, dtype, device, "tensor()")
 

@@ -105,17 +105,31 @@ class History:
 
     @classmethod
     def from_dict(cls, data) -> History:
-        """The inverse of ``to_dict``; all lists must have the same length."""
+        """The inverse of ``to_dict``: a dict of lists of one length, holding numbers (or None). Anything
+        else (a damaged record) is a ValueError saying what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"History.from_dict: expected a dict of lists, got {type(data).__name__}")
         names = [f.name for f in fields(cls)]
-        length = len(data.get("epoch", ()))
-        data = {**{n: [None] * length for n in cls.OPTIONAL}, **data}
+        epochs = data.get("epoch", ())
+        data = {**{n: [None] * len(epochs) for n in cls.OPTIONAL if isinstance(epochs, list)}, **data}
         missing = [n for n in names if n not in data]
         if missing:
             raise ValueError(f"History.from_dict: missing fields {missing}")
+        for n in names:
+            if not isinstance(data[n], (list, tuple)):
+                raise ValueError(f"History.from_dict: {n} is a {type(data[n]).__name__}, expected a list")
         lengths = {n: len(data[n]) for n in names}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"History.from_dict: fields of different lengths {lengths}")
-        return cls(**{n: [_plain(v) for v in data[n]] for n in names})
+        return cls(**{n: [_number(v, n) for v in data[n]] for n in names})
+
+
+def _number(value, name):
+    """``_plain(value)``, which must be a number or None: a ValueError naming the field otherwise."""
+    value = _plain(value) if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0 else value
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"History.from_dict: {name} holds {value!r}, expected numbers (or None)")
+    return value
 
 
 def _plain(value):

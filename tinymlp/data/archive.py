@@ -28,6 +28,7 @@ download that fails is removed again (a mistyped ``--data-dir`` is not left behi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import os
@@ -144,6 +145,14 @@ def _unwritable(root: Path, exc: OSError, action="write in") -> str:
             f"another folder as root=... (--data-dir in the examples) or in TINYMLP_DATA.")
 
 
+DISK_FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _full_disk(folder: Path) -> str:
+    return (f"Free some space in {folder} (or raise the file-size limit, ulimit -f), or pass another folder as "
+            "root=... (--data-dir in the examples) or in TINYMLP_DATA.")
+
+
 def _md5(path: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
@@ -198,7 +207,11 @@ def _fetch(url: str, dest: Path, spec, progress: bool) -> None:
                         raise DatasetError(
                             f"downloading {spec.name} from {url} was stopped: it is larger than {limit:,} bytes, "
                             f"more than the archive can be (the server sent something else); nothing was kept.")
-                    out.write(chunk)
+                    try:
+                        out.write(chunk)
+                    except OSError as exc:
+                        raise DatasetError(f"downloading {spec.name}: writing {dest} failed: {exc.strerror or exc}; "
+                                           f"nothing was kept. {_full_disk(dest.parent)}") from None
                     digest.update(chunk)
                     bar.update(len(chunk))
         actual = digest.hexdigest()
@@ -237,7 +250,13 @@ def _extract(spec, archive: Path, root: Path, remove_on_failure: bool, check) ->
                 f"{archive} was refused: member {exc.tarinfo.name!r} would be written outside "
                 f"the data folder or is not a plain file ({type(exc).__name__}). Nothing was "
                 f"extracted. This is not the official archive. {fix}") from None
-        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as exc:
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise DatasetError(f"{archive} could not be unpacked ({type(exc).__name__}: {exc}): it is truncated "
+                                   f"or corrupted. Nothing was extracted. {fix}") from None
+            raise DatasetError(f"unpacking {archive} into {root} failed: {exc.strerror}; nothing was extracted. "
+                               f"{_full_disk(root)}" + ("" if not remove_on_failure else f" {fix}")) from None
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
             raise DatasetError(
                 f"{archive} could not be unpacked ({type(exc).__name__}: {exc}): it is truncated "
                 f"or corrupted. Nothing was extracted. {fix}") from None

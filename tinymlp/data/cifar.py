@@ -146,7 +146,14 @@ def _read_split(spec: Archive, folder: Path, train: bool):
 
 
 def _read_names(path: Path, num_classes: int) -> tuple:
-    names = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise DatasetError(f"{path}, line {line}: not UTF-8 text (byte {raw[err.start]:#04x}); the file is "
+                           f"corrupted. Delete its folder and {FETCH_AGAIN}.") from None
+    names = tuple(line.strip() for line in text.splitlines() if line.strip())
     if len(names) != num_classes:
         raise DatasetError(
             f"{path} names {len(names)} classes, expected {num_classes}; the file is corrupted. "

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..files import npz_problem
 from .archive import DatasetError
-from .labels import check_class_names, held_out_split, number_labels
+from .labels import check_class_names, class_name, class_names, held_out_split, label_order, number_labels
 from .loader import ImageDataset, as_count
 from .transforms import resize
 
@@ -76,9 +76,13 @@ def _visible(path: Path) -> bool:
     return not path.name.startswith(".")
 
 
-def class_folders(folder: Path) -> list:
-    """The class names: the visible sub-folders of ``folder``, sorted."""
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and _visible(p))
+def class_folders(folder: Path, where=None, kind="class folder") -> dict:
+    """{class name: its folder} of the visible sub-folders of ``folder``, in the classes' order: the
+    rules of every format (``tinymlp.data.labels``), refused in one sentence naming ``where``."""
+    raw = sorted(p.name for p in folder.iterdir() if p.is_dir() and _visible(p))
+    names = class_names(raw, where or str(folder), kind) if len(raw) > 1 else [class_name(n, where) for n in raw]
+    paths = {name: folder / given for name, given in zip(names, raw)}
+    return {name: paths[name] for name in label_order(paths)}
 
 
 def _image_files(folder: Path) -> list:
@@ -89,7 +93,7 @@ def _image_files(folder: Path) -> list:
 def has_class_folders(root) -> bool:
     """Whether ``root`` holds images in sub-folders: torchvision's ``root/<class>/<image>`` layout."""
     root = Path(root)
-    return root.is_dir() and any(_image_files(root / name) for name in class_folders(root))
+    return root.is_dir() and any(_image_files(path) for path in class_folders(root).values())
 
 
 def read_image(path, size: int) -> np.ndarray:
@@ -98,11 +102,25 @@ def read_image(path, size: int) -> np.ndarray:
 
 
 def _decode(path: Path, size: int, Image) -> np.ndarray:
-    """One image file as uint8 (3, size, size); DatasetError naming the file when it cannot be read."""
+    """One image file as uint8 (3, size, size); DatasetError naming the file when it cannot be read.
+
+    16-bit grey images (Pillow's modes "I;16..." and "I", as a 16-bit PNG reads) are scaled from
+    0..65535 to 0..255; 16-bit colour PNGs Pillow already reads as 8-bit RGB."""
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB")                       # grey, palette, RGBA, CMYK -> RGB
-            pixels = np.asarray(im, dtype=np.uint8)
+            if im.mode.startswith("I;16") or im.mode == "I":
+                wide = np.asarray(im, dtype=np.int64)
+                if wide.size and (wide.min() < 0 or wide.max() > 65535):
+                    raise DatasetError(f"{path}: a {im.mode} image with values in [{wide.min()}, {wide.max()}]; "
+                                       "expected 8-bit or 16-bit pixels")
+                pixels = np.repeat(np.rint(wide / 257).astype(np.uint8)[..., None], 3, axis=2)
+            elif im.mode == "F":
+                raise DatasetError(f"{path}: a floating-point image (mode F), whose pixel range is not known; "
+                                   "save it with 8-bit or 16-bit pixels")
+            else:
+                pixels = np.asarray(im.convert("RGB"), dtype=np.uint8)   # grey, palette, RGBA, CMYK -> RGB
+    except DatasetError:
+        raise
     except Exception as err:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError, ValueError...
         raise DatasetError(f"{path}: cannot be read as an image ({type(err).__name__}: {err})") from None
     return resize_images(pixels.transpose(2, 0, 1)[None], size)[0]
@@ -127,10 +145,11 @@ class ImageFolder(ImageDataset):
         if not folder.is_dir():
             raise DatasetError(f"{root} has no {split}/ folder: expected {folder}/<class>/<images>, one "
                                f"sub-folder per class (or {root}/<class>/<images>, torchvision's ImageFolder layout)")
-        names = class_folders(folder)
+        paths = class_folders(folder, f"{folder} (expected {layout})")
+        names = list(paths)
         if not names:
             raise DatasetError(f"{folder} has no class folders: expected {layout}")
-        if classes is not None and list(names) != list(classes):
+        if classes is not None and names != [class_name(c) for c in classes]:
             missing = [c for c in classes if c not in names]
             extra = [c for c in names if c not in classes]
             detail = "; ".join(part for part in (
@@ -142,9 +161,9 @@ class ImageFolder(ImageDataset):
             check_class_names(names, f"{folder} (expected {layout})", "class folder")
         files, labels = [], []
         for label, name in enumerate(names):
-            found = _image_files(folder / name)
+            found = _image_files(paths[name])
             if not found:
-                raise DatasetError(f"{folder / name}: an empty class, no image files in it "
+                raise DatasetError(f"{paths[name]}: an empty class, no image files in it "
                                    f"(expected {', '.join(IMAGE_SUFFIXES[:3])}, ...)")
             files += found
             labels += [label] * len(found)
@@ -171,8 +190,18 @@ def subset(dataset: ImageDataset, index, keep_stats=False) -> ImageDataset:
 def as_images(array, what="images"):
     """(N, 3, H, W) uint8 from images in one of the accepted layouts and dtypes: (N, H, W) grey,
     (N, H, W, C) as Keras and PIL store them, or (N, C, H, W), C = 1 or 3; integer pixels in
-    0..255 or floats in [0, 1]. A ValueError starting with ``what`` says what does not fit."""
+    0..255 or floats in [0, 1]. A ValueError starting with ``what`` says what does not fit,
+    including a shape that two layouts could read: one image without its batch axis ((H, W, C),
+    (3, H, W)), or channels that could be first or last."""
     x = np.asarray(array)
+    channels = (1, 3)
+    if x.ndim == 3 and (x.shape[-1] in channels or x.shape[0] == 3):
+        raise ValueError(f"{what} has shape {x.shape}: one image without its batch axis? Give images as (N, H, W, "
+                         "C) or (N, C, H, W) with C = 1 or 3 (images[None] for one image), grey ones as (N, H, W) "
+                         "or (N, H, W, 1)")
+    if x.ndim == 4 and x.shape[1] in channels and x.shape[-1] in channels:
+        raise ValueError(f"{what} has shape {x.shape}: are the channels first or last? Both axis 1 and the last "
+                         "axis could be; give images whose height and width are not 1 or 3")
     if x.ndim == 3:
         x = x[:, None]                                                     # grey (N, H, W)
     elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
@@ -234,8 +263,7 @@ def _labels_from(array, key, path, n):
 
 def _named_labels(arrays, y_train, y_test, path):
     """(classes, y_train, y_test) when the file names its classes: the labels index them."""
-    classes = [str(c) for c in np.asarray(arrays["classes"]).ravel()]
-    check_class_names(classes, f"{path}: classes", "class name")
+    classes = class_names(np.asarray(arrays["classes"]).ravel(), f"{path}: classes", "class name")
     for key, y in (("y_train", y_train), ("y_test", y_test)):
         bad = y[(y < 0) | (y >= len(classes))]
         if bad.size:

@@ -98,9 +98,11 @@ class Tokenizer:
     # ------------------------------------------------------------------ training
     @classmethod
     def train(cls, texts, vocab_size: int = 8000, min_frequency: int = 2, lowercase: bool = True):
-        """Learn a vocabulary of at most ``vocab_size`` pieces from ``texts`` (an iterable of str)."""
+        """Learn a vocabulary of at most ``vocab_size`` pieces from ``texts`` (an iterable of str; one
+        string is refused: it would be read as texts of one character each)."""
         vocab_size = as_count(vocab_size, "Tokenizer.train: vocab_size", minimum=len(SPECIAL_TOKENS) + 1)
         min_frequency = as_count(min_frequency, "Tokenizer.train: min_frequency")
+        texts = _texts(texts, "Tokenizer.train: texts")
         counts = Counter(w for t in texts for w in split_words(t, lowercase) if len(w) <= MAX_WORD)
         words = [[w[0]] + [CONTINUE + c for c in w[1:]] for w in counts]   # each word as its characters
         freq = list(counts.values())
@@ -196,14 +198,19 @@ class Tokenizer:
             ids, segments = ids + [self.pad_id] * pad, segments + [0] * pad
         return ids, segments
 
-    def encode_batch(self, texts, pairs=None, max_len: int = 128, special_tokens: bool = False):
-        """(ids, segments): int64 arrays (N, max_len); the padding mask is ``ids != tok.pad_id``."""
-        pairs = [None] * len(texts) if pairs is None else pairs
+    def encode_batch(self, texts, pairs=None, max_len: int | None = 128, special_tokens: bool = False):
+        """(ids, segments): int64 arrays (N, max_len); the padding mask is ``ids != tok.pad_id``.
+        ``max_len=None``: nothing cut, every row padded to the longest one's length."""
+        texts = list(_texts(texts, "Tokenizer.encode_batch: texts"))
+        pairs = [None] * len(texts) if pairs is None else list(_texts(pairs, "Tokenizer.encode_batch: pairs", True))
         if len(pairs) != len(texts):
             raise ValueError(f"Tokenizer.encode_batch: {len(texts)} texts but {len(pairs)} pairs")
         rows = [self.encode(t, p, max_len, special_tokens) for t, p in zip(texts, pairs)]
-        ids = np.array([r[0] for r in rows], dtype=np.int64).reshape(len(rows), max_len)
-        segments = np.array([r[1] for r in rows], dtype=np.int64).reshape(len(rows), max_len)
+        width = max_len if max_len is not None else max((len(r[0]) for r in rows), default=0)
+        ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        segments = np.zeros((len(rows), width), dtype=np.int64)
+        for i, (row, segment) in enumerate(rows):
+            ids[i, :len(row)], segments[i, :len(segment)] = row, segment
         return ids, segments
 
     def decode(self, ids, skip_special: bool = True) -> str:
@@ -285,6 +292,18 @@ class Tokenizer:
             raise ValueError(f"{source}: the vocabulary must start with {list(SPECIAL_TOKENS)}, it starts "
                              f"with {vocab[:len(SPECIAL_TOKENS)]}")
         return cls(vocab, lowercase)
+
+
+def _texts(texts, what, none_ok=False):
+    """The strings of the iterable ``texts``, one by one; one string (which would be read as texts of
+    one character each), or an item that is not a string, is a TypeError naming ``what``."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{what} is one string; give an iterable of texts (a list of lines: text.splitlines(), "
+                        "or [text] for one text)")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) and not (none_ok and text is None):
+            raise TypeError(f"{what}[{i}] is a {type(text).__name__}, not a string")
+        yield text
 
 
 def _as_id(value) -> int:

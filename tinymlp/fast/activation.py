@@ -159,6 +159,8 @@ def gelu_tanh_into(x, y, d):
         d *= y
         d *= x2
         d += h                  # d = h + y (1 - t) du/dx
+        d[...] = xp.where(t * t == 1, h, d)     # saturated: dy/dx = h (0 * inf would be NaN)
+    y[...] = xp.where(h == 0, h, y)             # far left: y = 0 (-inf * 0 would be NaN)
 
 
 def _gelu_erf_into(x, y, d):
@@ -174,3 +176,5 @@ def _gelu_erf_into(x, y, d):
         d *= _INV_SQRT_2PI      # phi(x)
         d *= x
         d += cdf
+        d[...] = xp.where(xp.isinf(x), cdf, d)  # at +-inf: dy/dx = Phi(x) (inf * 0 would be NaN)
+    y[...] = xp.where(cdf == 0, cdf, y)         # far left: y = 0 (-inf * 0 would be NaN)

@@ -33,6 +33,11 @@ class GELU(Function):
         y = x Phi(x),      dy/dx = Phi(x) + x phi(x),   phi(x) = exp(-x^2/2) / sqrt(2 pi).
 
     Backward: dL/dx = G * dy/dx, elementwise. Forward saves x; backward rebuilds t (or Phi).
+
+    Far out, the limits: y -> 0 and dy/dx -> 0 on the left, y = x and dy/dx -> 1 on the right.
+    Where (1 + t) or Phi has reached 0, and where t has reached +-1 (|x| past about 10), the
+    formulas' products x * 0 and 0 * x^2 become NaN at x = +-inf (or once x^2 overflows): there
+    the limits are written in their place.
     """
 
     @staticmethod
@@ -40,9 +45,10 @@ class GELU(Function):
         xp = array_module(x)
         if approximate:
             t = xp.tanh(C0 * (x + C1 * x * x * x))
-            y = x * (1 + t) / 2
+            y = xp.where(t == -1, 0, x * (1 + t) / 2)
         else:
-            y = x * Phi(x)
+            cdf = Phi(x)
+            y = xp.where(cdf == 0, 0, x * cdf)
         ctx.save_for_backward(x)
         ctx.approximate = approximate
         return y
@@ -54,8 +60,10 @@ class GELU(Function):
         if ctx.approximate:
             t = xp.tanh(C0 * (x + C1 * x * x * x))
             dydx = (1 + t) / 2 + x * (1 - t * t) / 2 * C0 * (1 + 3 * C1 * x * x)
+            dydx = xp.where(xp.abs(t) == 1, (1 + t) / 2, dydx)
         else:
             dydx = Phi(x) + x * xp.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+            dydx = xp.where(xp.isinf(x), Phi(x), dydx)
         return grad * dydx
 
 

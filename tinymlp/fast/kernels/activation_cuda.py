@@ -16,15 +16,16 @@ from .. import cuda
 __all__ = ["gelu_backward", "gelu_tanh_forward"]
 
 # y = x h, h = (1 + t)/2, t = tanh(c0 (x + c1 x^3));  dy/dx = h + y (1 - t) c0 (1 + 3 c1 x^2)
-# (the derivation is in ops/activation.py). Constants are cast to T, so float32 stays float32.
+# (the derivation is in ops/activation.py); where t is -1 or 1, the limits (0, 0) and (x, 1), as
+# the products would be NaN at +-inf. Constants are cast to T, so float32 stays float32.
 GELU_BODY = f"""
     const T x2 = x * x;
     const T t = tanh(T({C0!r}) * (x + T({C1!r}) * x2 * x));
     const T h = T(0.5) * (T(1) + t);
-    y = x * h;
+    y = h == T(0) ? h : x * h;
 """
 GELU_DERIVATIVE = f"""
-    dydx = h + y * (T(1) - t) * (T({C0!r}) + T({3 * C0 * C1!r}) * x2);
+    dydx = t * t == T(1) ? h : h + y * (T(1) - t) * (T({C0!r}) + T({3 * C0 * C1!r}) * x2);
 """
 
 

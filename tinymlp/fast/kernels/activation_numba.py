@@ -43,12 +43,13 @@ tanh32 = compiled.inline(_tanh32)
 
 def _gelu32_at(xi, c0, c1, c3, half, one):
     # (y, dy/dx) at one point: y = x h, h = (1 + t)/2, t = tanh(c0 x (1 + c1 x^2));
-    # dy/dx = h + y (1 - t) c0 (1 + 3 c1 x^2)
+    # dy/dx = h + y (1 - t) c0 (1 + 3 c1 x^2); where t is -1 or 1, the limits (0, 0) and (x, 1)
+    # (the products would be NaN at -inf, +inf, or once x^2 overflows)
     x2 = xi * xi
     t = tanh32(c0 * xi * (one + c1 * x2))
     h = half * (one + t)
-    yi = xi * h
-    return yi, h + yi * (one - t) * (c0 * (one + c3 * x2))
+    yi = xi * h if h != one - one else h
+    return yi, (h + yi * (one - t) * (c0 * (one + c3 * x2)) if t * t != one else h)
 
 
 def _gelu64_at(xi, c0, c1, c3, half, one):
@@ -56,8 +57,8 @@ def _gelu64_at(xi, c0, c1, c3, half, one):
     x2 = xi * xi
     t = np.tanh(c0 * xi * (one + c1 * x2))
     h = half * (one + t)
-    yi = xi * h
-    return yi, h + yi * (one - t) * (c0 * (one + c3 * x2))
+    yi = xi * h if h != one - one else h
+    return yi, (h + yi * (one - t) * (c0 * (one + c3 * x2)) if t * t != one else h)
 
 
 gelu32_at, gelu64_at = compiled.inline(_gelu32_at), compiled.inline(_gelu64_at)
@@ -76,13 +77,15 @@ def _gelu_tanh64(x, y, d, c0, c1, c3, half, one):
 def _gelu_tanh32_value(x, y, c0, c1, half, one):
     for i in prange(x.shape[0]):
         xi = x[i]
-        y[i] = xi * (half * (one + tanh32(c0 * xi * (one + c1 * xi * xi))))
+        h = half * (one + tanh32(c0 * xi * (one + c1 * xi * xi)))
+        y[i] = xi * h if h != one - one else h
 
 
 def _gelu_tanh64_value(x, y, c0, c1, half, one):
     for i in prange(x.shape[0]):
         xi = x[i]
-        y[i] = xi * (half * (one + np.tanh(c0 * xi * (one + c1 * xi * xi))))
+        h = half * (one + np.tanh(c0 * xi * (one + c1 * xi * xi)))
+        y[i] = xi * h if h != one - one else h
 
 
 # GELU of x + bias on x's memory seen as (rows, cols): the bias b[j] along each row (inner: x's
