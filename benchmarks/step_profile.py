@@ -28,7 +28,7 @@ HOOKS = (   # (module, function, label): what apply() and backward() do for ever
     (guard, "record", "apply: in-place guard"),
     (guard, "share_views", "apply: in-place guard"),
     (contract, "check_inputs", "apply: input checks"),
-    (FastEngine, "forward", "apply: hand-overs"),      # the fast engine's loop over the inputs
+    (FastEngine, "forward", "apply: hand-overs"),      # the fast engine's pending biases
     (dispatch, "implementation_for", "apply: dispatch"),
     (guard, "check_unmodified", "engine: in-place guard"),
     (contract, "gradients", "engine: gradient checks"),
@@ -93,7 +93,7 @@ class StepProfile:
         saved = []
         for cls in _functions():
             name = op_name(cls)
-            for method, what in (("forward", "fwd"), ("backward", "bwd"), ("backward_into", "bwd")):
+            for method, what in (("forward", "fwd"), ("backward", "bwd")):
                 if method in cls.__dict__:
                     original = cls.__dict__[method]
                     saved.append((cls, method, original))

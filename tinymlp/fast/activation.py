@@ -5,10 +5,8 @@ passes over its input, each allocating a temporary. Here every step writes into 
 already owns (``out=``), the cube is ``x*x*x`` (NumPy's ``x**3`` is ~150x slower), and on the
 CPU the input is processed in chunks of 64K elements so that the temporaries stay in cache.
 Forward already holds t (or Phi), so it computes dy/dx on the spot and saves it: backward is one
-multiply, into the saved derivative on the last backward. The derivative is also offered to the
-op that reads y (``ctx.elementwise_derivative``, tinymlp/fast/engine.py): the compiled spatial
-gating unit multiplies it into its own backward, and GELU's pass drops out of the graph. Under
-``no_grad`` the derivative is not computed. The output keeps the input's memory order.
+multiply, into the saved derivative on the last backward. Under ``no_grad`` the derivative is not
+computed. The output keeps the input's memory order.
 
 Three implementations, one per back end; the numba and CUDA ones run ``FastGELU``'s code where
 their kernel does not apply (the erf form, another dtype, the kernels switched off):
@@ -47,13 +45,13 @@ class FastGELU(GELU):
     def forward(ctx, x, approximate=True):
         kernel = gelu_tanh_into if approximate else _gelu_erf_into
         y, dydx = _elementwise(kernel, x, want_derivative=ctx.needs_input_grad[0])
-        _save_derivative(ctx, dydx)
+        ctx.save_for_backward(dydx)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (dydx,) = take_saved(ctx)
-        if not _owns(ctx):
+        if not last_backward(ctx):
             return grad * dydx
         return array_module(grad).multiply(grad, dydx, out=dydx)   # dy/dx's last use: its memory is free
 
@@ -80,16 +78,16 @@ class CompiledGELU(FastGELU):
         if done is None:                                 # no kernel for x, or it failed
             return FastGELU.forward(ctx, x, approximate)
         y, dydx = done
-        _save_derivative(ctx, dydx)
+        ctx.save_for_backward(dydx)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (dydx,) = take_saved(ctx)
-        dx = activation_numba.gelu_backward(grad, dydx, overwrite=_owns(ctx))
+        dx = activation_numba.gelu_backward(grad, dydx, overwrite=last_backward(ctx))
         if dx is not None:
             return dx
-        return np.multiply(grad, dydx, out=dydx) if _owns(ctx) else grad * dydx
+        return np.multiply(grad, dydx, out=dydx) if last_backward(ctx) else grad * dydx
 
 
 class CudaGELU(FastGELU):
@@ -102,20 +100,8 @@ class CudaGELU(FastGELU):
             y, dydx = activation_cuda.gelu_tanh_forward(x, want_derivative=want)
         else:
             y, dydx = _elementwise(gelu_tanh_into if approximate else _gelu_erf_into, x, want)
-        _save_derivative(ctx, dydx)
+        ctx.save_for_backward(dydx)
         return y
-
-
-def _save_derivative(ctx, dydx):
-    """Save dy/dx for backward, and offer it to the op that reads y (``ctx.elementwise_derivative``:
-    that op may multiply it into its own backward, tinymlp/fast/engine.py)."""
-    ctx.save_for_backward(dydx)
-    ctx.elementwise_derivative = dydx
-
-
-def _owns(ctx):
-    """Whether backward may write into the saved dy/dx: its last run, and no reader took it."""
-    return last_backward(ctx) and not getattr(ctx, "derivative_shared", False)
 
 
 def _elementwise(kernel, x, want_derivative):

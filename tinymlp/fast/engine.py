@@ -2,31 +2,22 @@
 
 ``FastEngine`` subclasses ``autograd.Engine`` and overrides a few of its steps; the fast tier
 registers it in the dispatch table (``dispatch.ENGINE``), so ``TINYMLP_FAST=0`` or
-``fast.disabled()`` runs the reference engine alone. Every saving below changes no result
-(tests/test_engine_tiers.py compares both engines' float64 gradients on every model), and each is
-one switch in ``benchmarks/step_toggles.py``:
+``fast.disabled()`` runs the reference engine alone, and ``fast.reference_engine()`` runs the fast
+ops under the reference engine. Its savings change no result (tests/test_engine_tiers.py
+compares the engines' float64 gradients on every model):
 
 - **a pending bias** (``PendingBias``): a fast Linear may leave its bias unadded
   (``ctx.pending_bias``). The op that reads the output adds it in its own pass if it takes it
   (``takes_bias(index, x, bias, kwargs)`` on its class gives the keyword: the compiled GELU,
-  GELU(x W + b) in one pass over x W; the residual sum); any other reader of the values (an op,
-  ``.data``, printing) gets it added first, in place, once.
-- **a derivative handed over**: an op whose backward is dL/dx = grad * d with d saved (GELU's
-  dy/dx) offers d (``ctx.elementwise_derivative``). An op reading its output may take d
-  (``takes_derivative``): its backward then returns dL/dx itself, the engine links that input
-  to x's node, and the op's own backward pass drops out. The chain rule is linear, so the sum
-  over the readers is unchanged; the op's backward still runs for its other readers, leaving
-  d as it is (``ctx.derivative_shared``).
-- **sums in place**: two gradients that meet are added into the first where only the engine
-  holds it (``sole``: its reference count says so), not into a new array; a leaf keeps the
-  first gradient it gets where nothing else holds it, instead of a copy.
-- **the sum added by the op** (Chainer's ``backward_accumulate``): an op whose class has
-  ``backward_into(ctx, grad, into)`` is handed the sum of the gradients its input 0 has received
-  so far, where only the engine holds it, and adds its dx into it (the compiled LayerNorm, at a
-  residual connection): one pass instead of two.
+  GELU(x W + b) in one pass over x W; the residual sum; aMLP's gating unit); any other reader of
+  the values (an op, ``.data``, printing) gets it added first, in place, once.
+  ``benchmarks/step_toggles.py --toggle pending-bias`` prices it (2-5% of a small model's step).
 - **early frees**: a node's backward learns whether it is its last (``last_backward(ctx)``);
   then it may write into what it saved and let go of it (``take_saved(ctx)``) before it
-  allocates its results, which lowers a step's peak memory.
+  allocates its results, which lowers a step's peak memory (``cpu_step.py --memory``).
+- **no copy for a leaf**: the first gradient a leaf gets becomes its ``.grad`` as it is where
+  nothing else holds that array (its reference count says so), where the reference engine copies:
+  on a GPU that copy is one more launch a parameter, in a step the host paces.
 """
 
 from __future__ import annotations
@@ -34,27 +25,26 @@ from __future__ import annotations
 import sys
 import threading
 
-from .. import contract, graph, guard
+from .. import graph
 from ..autograd import Context, Engine, NoGraph
 from ..backend import device_of
 from ..tensor import Tensor
 
-__all__ = ["FastContext", "FastEngine", "PendingBias", "last_backward", "sole", "take_saved", "takes_pending_bias"]
+__all__ = ["FastContext", "FastEngine", "PendingBias", "last_backward", "take_saved", "takes_pending_bias"]
 
 
 class FastContext(Context):
-    """The node of the fast engine: the hand-overs a fast forward may set, None unless it does,
-    and ``retain_graph``, False while the node's last backward runs."""
+    """The node of the fast engine: ``pending_bias``, which a fast forward may set, and
+    ``retain_graph``, False while the node's last backward runs."""
 
-    pending_bias = elementwise_derivative = None
-    derivative_shared = False
+    pending_bias = None
     retain_graph = True
 
 
 class FastNoGraph(NoGraph):
     """The ctx when no graph is recorded: a fast forward may still leave a bias pending."""
 
-    pending_bias = elementwise_derivative = None
+    pending_bias = None
 
 
 def takes_pending_bias(ctx) -> bool:
@@ -111,49 +101,9 @@ class PendingBias(Tensor):
     device = property(lambda self: device_of(self.raw))
 
 
-def _take_bias(impl, i, a, arrays, kwargs):
-    """``kwargs`` with input ``i``'s pending bias under the keyword ``impl`` takes it by, or, where
-    it does not, the bias added into the array first (``arrays[i]``)."""
-    takes = getattr(impl, "takes_bias", None)
-    key = takes(i, a.raw, a.bias, kwargs) if takes is not None else None
-    if key is None:
-        arrays[i] = a.array                                   # adds it
-        return kwargs
-    return dict(kwargs, **{key: a.bias})
-
-
-def _take_derivative(impl, ctx, i, node, arrays, kwargs):
-    """``kwargs`` with the derivative ``node`` offers, where ``impl`` takes it for input ``i`` (its
-    backward then returns the gradient of node's own input: ``ctx.parents[i]`` becomes that
-    input's node)."""
-    takes = getattr(impl, "takes_derivative", None)
-    if takes is None or node.fn is None or node.parents[0] is None or any(p is not None for p in node.parents[1:]):
-        return kwargs                                         # node's backward is more than grad * d
-    key = takes(i, arrays[i], node.elementwise_derivative, kwargs)
-    if key is None:
-        return kwargs
-    ctx.parents = ctx.parents[:i] + (node.parents[0],) + ctx.parents[i + 1:]
-    node.derivative_shared = True
-    return dict(kwargs, **{key: node.elementwise_derivative})
-
-
-# --------------------------------------------------------------------------- sums in place
-def sole(g) -> bool:
-    """Whether the gradient ``g`` is a writable array that only the engine's sums hold (counted:
-    the sums, the caller's name, this argument and getrefcount's) and whose memory nothing else
-    sees: a whole array, or a view of all of one that only it holds (a Linear's reshaped dL/dx)."""
-    base, by_stride = g.base, sorted(range(g.ndim), key=lambda i: -g.strides[i])   # a view: each element once
-    whole = base is None or (type(base) is type(g) and base.base is None and base.size == g.size and
-                             sys.getrefcount(base) <= 3 and g.transpose(by_stride).flags.c_contiguous)
-    return whole and getattr(g.flags, "writeable", True) and sys.getrefcount(g) <= 4
-
-
 # --------------------------------------------------------------------------- the engine
 class FastEngine(Engine):
     """``Engine`` with the savings of the module docstring."""
-
-    def __init__(self):
-        self.adds_into = {}        # Function class -> whether it has a backward_into
 
     def context(self, impl, args, arrays, needs, record):
         return FastContext(impl, args, arrays, needs) if record else FastNoGraph(len(args))
@@ -164,25 +114,20 @@ class FastEngine(Engine):
 
     def forward(self, ctx, impl, args, arrays, kwargs):
         for i, a in enumerate(args):
-            if isinstance(a, Tensor):
-                pending = a.__class__ is PendingBias and a.bias is not None
-                node = a.grad_fn
-                offers = node is not None and getattr(node, "elementwise_derivative", None) is not None
-                if pending or offers:
-                    kwargs = self.hand_over(ctx, impl, args, arrays, kwargs, i, pending, offers)
+            if a.__class__ is PendingBias and a.bias is not None:
+                kwargs = self.hand_over(impl, args, arrays, kwargs, i)
         return impl.forward(ctx, *arrays, **kwargs)
 
-    def hand_over(self, ctx, impl, args, arrays, kwargs, i, pending, offers):
-        """What the op that made input ``i`` hands ``impl``: its pending bias, its derivative
-        (not to a tensor that appears twice among the inputs: x op x)."""
-        once = sum(b is args[i] for b in args) == 1
-        if pending and once:
-            kwargs = _take_bias(impl, i, args[i], arrays, kwargs)
-        elif pending:
-            arrays[i] = args[i].array                        # adds it
-        if offers and once and isinstance(ctx, FastContext):
-            kwargs = _take_derivative(impl, ctx, i, args[i].grad_fn, arrays, kwargs)
-        return kwargs
+    def hand_over(self, impl, args, arrays, kwargs, i):
+        """Input ``i``'s pending bias, to ``impl`` under the keyword its ``takes_bias`` gives, or
+        added into the array first (not to a tensor that appears twice among the inputs: x op x)."""
+        a = args[i]
+        takes = getattr(impl, "takes_bias", None)
+        key = takes(i, a.raw, a.bias, kwargs) if takes is not None and sum(b is a for b in args) == 1 else None
+        if key is None:
+            arrays[i] = a.array                                   # adds it
+            return kwargs
+        return dict(kwargs, **{key: a.bias})
 
     def wrap(self, out, ctx, record):
         if ctx.pending_bias is None:
@@ -191,44 +136,16 @@ class FastEngine(Engine):
 
     def propagate(self, node, g, grads, retain_graph):
         graph.check_not_freed(node)
-        guard.check_unmodified(node, last=not retain_graph)
-        node.retain_graph = retain_graph
-        into = self.offer_sum(node, grads)
-        returned = node.fn.backward(node, g) if into is None else node.fn.backward_into(node, g, into)
-        input_grads = contract.gradients(node, returned)
-        for i, (parent, ig) in enumerate(zip(node.parents, input_grads)):
-            if parent is not None and ig is not None and not (i == 0 and ig is into):
-                self.accumulate(grads, parent, ig)
-        if not retain_graph:
-            graph.free(node)
-
-    def offer_sum(self, node, grads):
-        """The sum so far of input 0's gradient, for a backward that adds into it, or None."""
-        fn = node.fn
-        if fn not in self.adds_into:
-            self.adds_into[fn] = hasattr(fn, "backward_into")
-        if not self.adds_into[fn] or node.parents[0] is None:
-            return None
-        so_far = grads.get(id(node.parents[0]))
-        return so_far if so_far is not None and sole(so_far) else None
-
-    def accumulate(self, grads, node, g):
-        key = id(node)
-        so_far = grads.get(key)
-        if so_far is None:
-            grads[key] = g
-        elif sole(so_far):
-            so_far += g                         # a whole array only the sums hold: no new one
-        else:
-            grads[key] = so_far + g
+        node.retain_graph = retain_graph               # False: the node's last backward (early frees)
+        super().propagate(node, g, grads, retain_graph)
 
     def accumulate_leaf(self, leaf, g):
         if leaf.grad is not None:
-            leaf.grad += g
-        elif g.base is None and sys.getrefcount(g) <= 3:     # the caller's name, ours, getrefcount's
-            leaf.grad = g
+            super().accumulate_leaf(leaf, g)
+        elif g.base is None and sys.getrefcount(g) <= 3:   # names: backward's, ours, getrefcount's
+            leaf.grad = g                # a fresh array nothing else holds: kept, not copied
         else:
-            leaf.grad = g.copy(order="K")
+            leaf.grad = g.copy(order="K")                   # laid out like g, as the fast ops lay it out
 
 
 ENGINE = FastEngine()

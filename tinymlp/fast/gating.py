@@ -170,9 +170,7 @@ class CompiledSpatialGating(FastSpatialGating):
     F = (W x_hat) gamma + shift is recomputed where the gate reads it (with aMLP's residual, F is
     written over W x_hat instead: the residual is not kept). Forward writes one (S, B, e) array
     fewer than the generic path (no copy of z1), two fewer without a residual (F not written
-    either), and saves as much. Where z is GELU's output, it takes GELU's dy/dx
-    (``takes_derivative``) and multiplies it into the gate's and the LayerNorm's backward passes,
-    which write dL/dz: it returns the gradient of GELU's input, and GELU's pass over memory is gone.
+    either), and saves as much.
     """
 
     norm = CompiledLayerNorm
@@ -186,21 +184,10 @@ class CompiledSpatialGating(FastSpatialGating):
         ``shift`` below, (S, e) numbers, instead of to the (B, S, e) residual."""
         return "residual_bias" if index == 5 and compiled.applies(x, bias) else None
 
-    @staticmethod
-    def takes_derivative(index, x, derivative, kwargs):
-        """The derivative of the op that made z (GELU's dy/dx, laid out like z), multiplied into
-        the two passes that write dL/dz (the gate's and the LayerNorm's backward): backward then
-        returns the gradient of that op's input, and its own pass over memory is gone."""
-        takes = index == 0 and kwargs.get("variant", "split") == "split" and x.size > 0 and \
-            token_major_view(x).flags.c_contiguous and compiled.applies(x, derivative) and \
-            derivative.shape == x.shape and derivative.dtype == x.dtype and derivative.strides == x.strides
-        return "input_derivative" if takes else None
-
     @classmethod
     def forward(cls, ctx, z, weight, bias, norm_weight, norm_bias, gate_residual=None, *,
-                eps=1e-5, causal=False, variant="split", residual_bias=None, input_derivative=None):
+                eps=1e-5, causal=False, variant="split", residual_bias=None):
         zt = token_major_view(z)
-        ctx.input_derivative = input_derivative
         inputs = [a for a in (z, weight, bias, norm_weight, norm_bias, gate_residual) if a is not None]
         ctx.saves_z = variant == "split" and zt.flags.c_contiguous and z.size > 0 and compiled.applies(*inputs)
         if ctx.saves_z:
@@ -220,11 +207,10 @@ class CompiledSpatialGating(FastSpatialGating):
     @classmethod
     def backward(cls, ctx, g):
         if not ctx.saves_z:
-            return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
+            return super().backward(ctx, g)
         zt, w_eff, gamma, beta, shift, mean, rstd, f = take_saved(ctx)
         S, B, e = f.shape
         z2 = zt[..., e:]
-        mt = token_major_view(ctx.input_derivative) if ctx.input_derivative is not None else None  # like z
         need_z, need_w, need_b, need_gamma, need_beta, need_a = ctx.needs_input_grad
         gt = token_major_view(g)
         if gating_numba.token_rows(gt) is None or gt.dtype != f.dtype:
@@ -234,14 +220,13 @@ class CompiledSpatialGating(FastSpatialGating):
         last = last_backward(ctx)
         done = gating_numba.gate_backward_from_z(gt, f, zt, dzt[..., :e] if need_z else None,
                                                  f if last else None, gamma, shift, beta, mean, rstd,
-                                                 raw=ctx.raw, need_n=need_w,   # and N, rebuilt from z2
-                                                 m1=mt[..., :e] if mt is not None else None)
+                                                 raw=ctx.raw, need_n=need_w)   # and N, rebuilt from z2
         if done is None:          # the kernels switched off since forward, or failed: the generic path
             xhat = (z2 - mean.reshape(S, B, 1)) * rstd.reshape(S, B, 1)
             F = f * gamma + shift[:, None] if ctx.raw else f
             ctx.variant, ctx.e, ctx.token_major = "split", e, True
             ctx.save_for_backward(zt[..., :e], w_eff, gamma, beta, xhat, rstd.reshape(S, B, 1), F)
-            return _times_derivative(super().backward(ctx, g), ctx.input_derivative)
+            return super().backward(ctx, g)
         gf, db, work = done
         gf2 = gf.reshape(S, -1)                                      # G_F as an (S, B*e) matrix
         dw = None
@@ -254,19 +239,10 @@ class CompiledSpatialGating(FastSpatialGating):
             work = np.empty_like(f) if work is None else work
             gn = np.matmul(w_eff.T, gf2, out=work.reshape(S, -1))  # W^T G_F
             du = dzt[..., e:].reshape(S * B, e) if need_z else None
-            times = mt[..., e:].reshape(S * B, e) if mt is not None else None
             _, dgamma, dbeta = backward_rows(gn.reshape(S * B, e), z2.reshape(S * B, e), mean, rstd, gamma, need_z,
-                                             out=du, times=times)
+                                             out=du)
         return (dz, dw, db if need_b else None, dgamma if need_gamma else None, dbeta if need_beta else None,
                 token_major_view(gf) if need_a else None)
-
-
-def _times_derivative(grads, derivative):
-    """The gradients, dL/dz multiplied by the taken derivative (where there is one)."""
-    dz = grads[0]
-    if derivative is not None and dz is not None:
-        dz *= derivative                                           # a new array of backward's own
-    return grads
 
 
 class CudaSpatialGating(FastSpatialGating):

@@ -20,9 +20,7 @@ do not take the arrays:
 - ``FastLayerNorm``: the NumPy code above (and the same array code on CuPy);
 - ``CompiledLayerNorm`` (CPU, numba installed): one compiled pass over the rows each way
   (``kernels/norm_numba.py``); forward writes y only and saves its *input* with the row means
-  and 1/std, and backward recomputes x_hat on the fly. At a residual connection (x + f(LN(x)))
-  backward adds dx into the residual path's gradient of x, which the fast engine hands it
-  (``backward_into``, fast/engine.py), instead of writing dx for the engine to add: one pass, not two;
+  and 1/std, and backward recomputes x_hat on the fly;
 - ``CudaLayerNorm`` (CUDA): forward and backward each one kernel per row
   (``kernels/norm_cuda.py``).
 
@@ -156,8 +154,7 @@ def _compiled_backward(g, xhat, rstd, weight=None, *, out=None, need_dx=True, ne
 
 
 class CompiledLayerNorm(FastLayerNorm):
-    """LayerNorm as one compiled pass over the rows each way; saves x, the row means and 1/std;
-    adds dx into x's gradient so far where the engine offers it (see the module docstring)."""
+    """LayerNorm as one compiled pass over the rows each way; saves x, the row means and 1/std."""
 
     normalize = staticmethod(_compiled_normalize)
     layer_norm_backward = staticmethod(_compiled_backward)
@@ -178,12 +175,6 @@ class CompiledLayerNorm(FastLayerNorm):
 
     @classmethod
     def backward(cls, ctx, grad):
-        return cls.backward_into(ctx, grad, None)
-
-    @classmethod
-    def backward_into(cls, ctx, grad, into):
-        """``backward``, with dx added into ``into`` (x's gradient so far, which the fast engine
-        hands over where only it holds that array) where the layouts allow: dx is then ``into``."""
         if not ctx.compiled:
             return super().backward(ctx, grad)
         X, mean, rstd, weight = take_saved(ctx)
@@ -192,42 +183,24 @@ class CompiledLayerNorm(FastLayerNorm):
         G = np.ascontiguousarray(grad.transpose(order)).reshape(X.shape)   # a view when laid out like y
         if G.dtype != X.dtype:
             G = G.astype(X.dtype)
-        rows_into = _rows_like(into, order, X) if need_x else None
-        dX, dw, db = backward_rows(G, X, mean, rstd, weight, need_x, out=rows_into, add=rows_into is not None)
-        if rows_into is not None:
-            dx = into                                                 # dx added into it: the engine's sum done
-        else:
-            dx = dX.reshape(tuple(ctx.input_shapes[0][i] for i in order)).transpose(inverse(order)) if need_x else None
+        dX, dw, db = backward_rows(G, X, mean, rstd, weight, need_x)
+        dx = dX.reshape(tuple(ctx.input_shapes[0][i] for i in order)).transpose(inverse(order)) if need_x else None
         return dx, (dw if need_w else None), (db if need_b and ctx.has_bias else None)
 
 
-def backward_rows(G, X, mean, rstd, weight, need_dx, out=None, times=None, add=False):
+def backward_rows(G, X, mean, rstd, weight, need_dx, out=None):
     """``norm_numba.backward_rows`` on rows (N, D) of the LayerNorm's input X and its row statistics:
-    dX (into ``out``, or added to it where ``add``; times ``times`` where given), dw, db; the
-    same by the NumPy code where the kernel failed (what the compiled classes save has no x_hat)."""
-    done = norm_numba.backward_rows(G, X, mean, rstd, rstd, weight, need_dx, out=out, times=times, add=add)
+    dX (into ``out`` where given), dw, db; the same by the NumPy code where the kernel failed (what
+    the compiled classes save has no x_hat)."""
+    done = norm_numba.backward_rows(G, X, mean, rstd, rstd, weight, need_dx, out=out)
     if done is not None:
         return done
     xhat = (X - mean[:, None]) * rstd[:, None]
     dX, dw, db = layer_norm_backward(G, xhat, rstd[:, None], weight, need_dx=need_dx, overwrite_xhat=True)
-    if dX is not None:
-        if times is not None:
-            dX *= times
-        if out is not None:
-            if add:
-                out += dX
-            else:
-                out[...] = dX
-            dX = out
+    if dX is not None and out is not None:
+        out[...] = dX
+        dX = out
     return dX, dw, db
-
-
-def _rows_like(a, order, X):
-    """a's rows as a view laid out as X's (read in ``order``), or None (no a, or another layout)."""
-    if a is None or a.dtype != X.dtype:
-        return None
-    rows, a_order = norm_numba.row_matrix(a)
-    return rows if rows is not None and a_order == order and rows.shape == X.shape else None
 
 
 def _cuda_normalize(x, eps):

@@ -61,12 +61,12 @@ def _gate_forward(f, fss, fbs, write_f, z1, zss, zbs, r, rss, rbs, has_r, kept, 
                 kr[j] = zr[j]
 
 
-def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, dbs, need_dz1, m, mss, mbs, gf, sums,
+def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, dbs, need_dz1, gf, sums,
                    x2, xss, xbs, mean, scale, beta, nout, need_n, n, e, B):
-    # F, or, where raw, F = f gamma + shift_s recomputed from f = W x_hat; dz1 <- G F m (m: the
-    # derivative of the op that made z1, taken over from it, or ones); gf <- G z1 (dL/dF; may be
-    # F's own memory); sums[i] <- the row's sum of gf; where need_n, nout <- N = (x2 - mean)
-    # scale gamma + beta, from the LayerNorm's input x2 (z's other half: each row of z is read once)
+    # F, or, where raw, F = f gamma + shift_s recomputed from f = W x_hat; dz1 <- G F; gf <- G z1
+    # (dL/dF; may be F's own memory); sums[i] <- the row's sum of gf; where need_n, nout <- N =
+    # (x2 - mean) scale gamma + beta, from the LayerNorm's input x2 (z's other half: each row of z
+    # is read once)
     for i in prange(n):
         s = i // B
         b = i - s * B
@@ -81,19 +81,17 @@ def _gate_backward(g, gss, gbs, F, raw, gamma, shift, z1, zss, zbs, dz1, dss, db
         if need_dz1:
             do = s * dss + b * dbs
             dr = dz1[do:do + e]
-            mo = s * mss + b * mbs
-            mr = m[mo:mo + e]
             if raw:
                 for j in range(e):
                     gj = gr[j]
-                    dr[j] = gj * (fr[j] * gamma[j] + sh[j]) * mr[j]
+                    dr[j] = gj * (fr[j] * gamma[j] + sh[j])
                     v = gj * zr[j]
                     out[j] = v
                     acc += v
             else:
                 for j in range(e):
                     gj = gr[j]
-                    dr[j] = gj * fr[j] * mr[j]
+                    dr[j] = gj * fr[j]
                     v = gj * zr[j]
                     out[j] = v
                     acc += v
@@ -187,10 +185,10 @@ def gate_forward_from_z(zt, w_eff, bias, gamma, beta, residual, residual_bias, e
     return token_major_view(out), (w_eff, gamma, beta, shift, mean, rstd, f), r is None
 
 
-def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, beta, need_n, m1=None):
+def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, beta, need_n):
     """Launch ``_gate_backward``: ``(gf, per-token sums of gf, N or None)``, or None where the
     arrays do not suit it or it failed (then it wrote nothing)."""
-    arrays = [g, F, z1, gamma, shift, x2, mean, rstd, beta] + [a for a in (dz1, gf, m1) if a is not None]
+    arrays = [g, F, z1, gamma, shift, x2, mean, rstd, beta] + [a for a in (dz1, gf) if a is not None]
     if not compiled.applies(*arrays) or not F.flags.c_contiguous or not F.size:
         return None
     if gf is not None and not gf.flags.c_contiguous:
@@ -198,8 +196,7 @@ def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, bet
     S, B, e = F.shape
     gr, zr, xr = token_rows(g), token_rows(z1), token_rows(x2)
     dr = token_rows(dz1) if dz1 is not None else (F.reshape(-1), 0, 0)
-    mr = token_rows(m1) if m1 is not None else (np.ones(e, F.dtype), 0, 0)
-    if gr is None or zr is None or dr is None or xr is None or mr is None:
+    if gr is None or zr is None or dr is None or xr is None:
         return None
     gf = np.empty_like(F) if gf is None else gf
     N = np.empty_like(F) if need_n else F
@@ -208,7 +205,7 @@ def _gate_backward_run(g, F, z1, dz1, gf, gamma, shift, raw, x2, mean, rstd, bet
     try:
         compiled.kernel(GATE_BACKWARD, F.size)(gr[0], gr[1], gr[2], F.reshape(-1), raw, np.ascontiguousarray(gamma),
                                                np.ascontiguousarray(shift), zr[0], zr[1], zr[2], dr[0], dr[1], dr[2],
-                                               dz1 is not None, mr[0], mr[1], mr[2], gf.reshape(-1), sums, xr[0],
+                                               dz1 is not None, gf.reshape(-1), sums, xr[0],
                                                xr[1], xr[2], *flat, np.ascontiguousarray(beta), N.reshape(-1),
                                                need_n, S * B, e, B)
     except compiled.KernelFailed:
@@ -227,16 +224,14 @@ def gate_backward(g, F, kept, dz1, gf):
     return None if done is None else done[:2]
 
 
-def gate_backward_from_z(g, f, z, dz1, gf, gamma, shift, beta, mean, rstd, raw, need_n, m1=None):
+def gate_backward_from_z(g, f, z, dz1, gf, gamma, shift, beta, mean, rstd, raw, need_n):
     """The split gate's backward from z itself (token-major (S, B, 2e); z1 and z2 its halves):
-    dz1 = G F (times ``m1``, a token-major (S, B, e) view, where given) and G * z1 (into ``gf``
-    when given) as ``gate_backward``, F read from ``f`` or, where ``raw``, recomputed as f gamma +
-    shift; and where ``need_n``, in the same pass over z, N = (z2 - mean) rstd gamma + beta
-    (``mean``, ``rstd``: z2's row statistics, token-major). Returns ``(gf, per-token sums of gf,
-    N or None)``, or None (the arrays do not suit it)."""
+    dz1 = G F and G * z1 (into ``gf`` when given) as ``gate_backward``, F read from ``f`` or,
+    where ``raw``, recomputed as f gamma + shift; and where ``need_n``, in the same pass over z,
+    N = (z2 - mean) rstd gamma + beta (``mean``, ``rstd``: z2's row statistics, token-major).
+    Returns ``(gf, per-token sums of gf, N or None)``, or None (the arrays do not suit it)."""
     e = f.shape[-1]
-    return _gate_backward_run(g, f, z[..., :e], dz1, gf, gamma, shift, raw, z[..., e:], mean, rstd, beta, need_n,
-                              m1)
+    return _gate_backward_run(g, f, z[..., :e], dz1, gf, gamma, shift, raw, z[..., e:], mean, rstd, beta, need_n)
 
 
 def affine(x, w, b):

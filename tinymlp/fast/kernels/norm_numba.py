@@ -68,13 +68,10 @@ def _ln_forward(x, xs, n, dim, w, b, eps, size, y, ys, mean, rstd):
             yr[j] = (xr[j] - mu_t) * r_t * w[j] + b[j]
 
 
-def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, size, dx, ds, need_dx, m, ms, add, dw_part, db_part,
-                 run_sums):
-    # x_hat = (x - mean) scale; G_hat = G w; dx = rstd (G_hat - mean(G_hat) - x_hat mean(G_hat x_hat)),
-    # times m (the derivative of the op that made x, taken over from it; ones: ms = 0), added to
-    # what dx holds where ``add``; column sums of G x_hat (dw) and G (db) per block of rows: over
-    # runs of RUN rows in x's dtype (``run_sums[p]``; ``size`` is D in it), each run added into the
-    # float64 partials
+def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, size, dx, ds, need_dx, dw_part, db_part, run_sums):
+    # x_hat = (x - mean) scale; G_hat = G w; dx = rstd (G_hat - mean(G_hat) - x_hat mean(G_hat x_hat));
+    # column sums of G x_hat (dw) and G (db) per block of rows: over runs of RUN rows in x's dtype
+    # (``run_sums[p]``; ``size`` is D in it), each run added into the float64 partials
     blocks = dw_part.shape[0]
     zero = size - size
     for p in prange(blocks):
@@ -109,20 +106,13 @@ def _ln_backward(g, gs, x, xs, n, dim, mean, scale, rstd, w, size, dx, ds, need_
                     dbp[j] += dbr[j]
             if need_dx:
                 dr = dx[i * ds:i * ds + dim]
-                mr = m[i * ms:i * ms + dim]
                 a_t = a / size
                 c_t = c / size
                 r_t = rstd[i]
-                if add:
-                    for j in range(dim):
-                        gh = gr[j] * w[j]
-                        xh = (xr[j] - mu) * sc
-                        dr[j] += r_t * ((gh - a_t) - xh * c_t) * mr[j]
-                else:
-                    for j in range(dim):
-                        gh = gr[j] * w[j]      # rounded as above: exact cancellations stay exact
-                        xh = (xr[j] - mu) * sc
-                        dr[j] = r_t * ((gh - a_t) - xh * c_t) * mr[j]
+                for j in range(dim):
+                    gh = gr[j] * w[j]          # rounded as above: exact cancellations stay exact
+                    xh = (xr[j] - mu) * sc
+                    dr[j] = r_t * ((gh - a_t) - xh * c_t)
 
 
 LN_FORWARD = compiled.jit(_ln_forward, reduce=True)
@@ -177,10 +167,9 @@ def forward_rows(X, w, b, eps):
     return Y, mean, rstd
 
 
-def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None, add=False):
-    """dX (into ``out`` when given, or added to it where ``add``; times the rows (N, D) ``times``
-    where given), dw, db (column sums over runs of ``RUN`` rows, added in float64, cast) for rows
-    (N, D); None where the kernel failed (``compiled.KernelFailed``)."""
+def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None):
+    """dX (into ``out`` when given), dw, db (column sums over runs of ``RUN`` rows, added in
+    float64, cast) for rows (N, D); None where the kernel failed (``compiled.KernelFailed``)."""
     n, dim = G.shape
     blocks = max(1, min(n, 4 * compiled.threads())) if G.size >= compiled.PARALLEL_MIN else 1
     dw_part = np.zeros((blocks, dim))
@@ -189,11 +178,9 @@ def backward_rows(G, X, mean, scale, rstd, w, need_dx, out=None, times=None, add
           else np.empty((1, dim), dtype=G.dtype))
     run_sums = np.empty((blocks, 2, dim), dtype=G.dtype)
     (gf, gs), (xf, xs), (df, ds) = _flat_rows(G), _flat_rows(X), _flat_rows(dX)
-    mf, ms = _flat_rows(times) if times is not None else (np.ones(dim, G.dtype), 0)
     try:
         compiled.kernel(LN_BACKWARD, G.size)(gf, gs, xf, xs, n, dim, mean, scale, rstd, _param(w, dim, G.dtype, 1),
-                                             G.dtype.type(dim), df, ds, need_dx, mf, ms, add and out is not None,
-                                             dw_part, db_part, run_sums)
+                                             G.dtype.type(dim), df, ds, need_dx, dw_part, db_part, run_sums)
     except compiled.KernelFailed:
         return None
     return (dX if need_dx else None), dw_part.sum(0).astype(G.dtype), db_part.sum(0).astype(G.dtype)
