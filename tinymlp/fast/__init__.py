@@ -63,7 +63,7 @@ from .dropout import CudaDropout
 from .elementwise import CompiledAdd
 from .engine import ENGINE
 from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating
-from .linear import FastLinear
+from .linear import CudaLinear, FastLinear
 from .loss import CudaCrossEntropy
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm
 from .optim import CompiledFlatStep, CudaFlatStep, FlatStep, clip_grad_norm
@@ -75,7 +75,7 @@ __all__ = ["TABLE", "disabled", "enabled", "implementation", "implementations", 
 
 TABLE = [
     # reference                 NumPy (CPU)          numba (CPU)             CUDA
-    (Linear,                    FastLinear,          None,                   FastLinear),
+    (Linear,                    FastLinear,          None,                   CudaLinear),
     (Patchify,                  FastPatchify,        None,                   FastPatchify),
     (GetItem,                   FastGetItem,         None,                   FastGetItem),
     (GELU,                      FastGELU,            CompiledGELU,           CudaGELU),
