@@ -215,7 +215,10 @@ def _device_op(name, fn, args, kwargs, sources=(), inplace=False):
         graph.record(fn, *args, **kwargs)
         return kwargs["out"] if "out" in kwargs else args[0] if args else None
     with np.errstate(all="ignore"):
-        result = fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except IndexError:          # indices the graph computes at replay (not yet: NaN-filled): any valid
+            result = fn(*_zero_indices(args), **kwargs)        # index gives the result's shape and dtype
     if isinstance(result, np.generic):                     # a reduction's scalar: CuPy's 0-d array
         result = np.asarray(result)
     arrays = [r for r in (result if isinstance(result, tuple) else (result,)) if isinstance(r, np.ndarray)]
@@ -225,6 +228,15 @@ def _device_op(name, fn, args, kwargs, sources=(), inplace=False):
         if name not in ("empty", "empty_like"):            # an allocation without a fill runs nothing
             graph.record(_refill, result, fn, args, kwargs)
     return result
+
+
+def _zero_indices(value):
+    """``value`` with its integer arrays (indices) replaced by zeros."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return np.zeros_like(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_zero_indices(v) for v in value)
+    return value
 
 
 def _refill(result, fn, args, kwargs):

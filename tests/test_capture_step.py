@@ -110,8 +110,14 @@ def test_the_fast_tier_on_cuda_multiplies_through_the_capturable_binding(gpu, na
     assert not cupy_products, f"products through CuPy (refused during capture): {cupy_products}"
 
 
-def test_without_the_binding_the_products_are_cupys_and_the_step_is_not_captured(gpu, monkeypatch):
-    monkeypatch.setattr(cublas, "ENABLED", False)
+@pytest.fixture
+def cupy_products():
+    cublas.set_enabled(False)
+    yield
+    cublas.set_enabled(True)
+
+
+def test_without_the_binding_the_products_are_cupys_and_the_step_is_not_captured(gpu, cupy_products):
     run = Run("gmlp_cifar")
     runner = run.captured()
     data = batches(4)
@@ -185,7 +191,7 @@ def test_steps_that_cannot_be_captured_at_all_run_eagerly_with_their_reason(gpu)
     from tinymlp.data.text_loader import MaskedIds
     masked = CapturedStep(lambda a: a, [])
     masked(MaskedIds(x.data, x.data[:1]))
-    assert masked.why == "a batch that is not plain tensors" and masked.reason is None
+    assert masked.why == "a batch of MaskedIds (values of its own each batch)" and masked.reason is None
 
 
 def test_arrays_replaced_since_the_capture_are_captured_again(gpu):
@@ -200,6 +206,31 @@ def test_arrays_replaced_since_the_capture_are_captured_again(gpu):
     assert losses == eager.train(eager.step, data)
     assert runner.counts == {"warm-up": 3, "replayed": 5, "arrays replaced since the capture": 1}
     assert_same_state(graphed.state(), eager.state())
+
+
+def test_a_text_models_step_with_label_smoothing_replays_the_eager_steps(gpu):
+    """Token ids (embedding gathers and their scatter-add backward, segment ids made each step)."""
+    from tinymlp.models import TextGMLP
+
+    def run(graph):
+        model = TextGMLP(40, seq_len=12, dim=16, depth=2, ffn_dim=32, num_classes=2).to("cuda")
+        opt = tinymlp.optim.AdamW(model.parameters(), lr=1e-3)
+        rng = np.random.default_rng(0)
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        runner = CapturedStep(step, model.parameters(), lambda: tuple(opt.flat_state or ())) if graph else step
+        losses = [float(runner(tinymlp.tensor(rng.integers(0, 40, (4, 12)), device="cuda"),
+                               tinymlp.tensor(rng.integers(0, 2, 4), device="cuda")).data.get()) for _ in range(6)]
+        return losses, runner
+
+    (graphed, runner), (eager, _) = run(True), run(False)
+    assert graphed == eager and runner.counts == {"warm-up": 2, "replayed": 4}
 
 
 # ============================================================================ what the graph holds

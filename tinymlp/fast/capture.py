@@ -83,8 +83,9 @@ class CapturedStep:
         """Why these tensors cannot be replayed now, or None."""
         if self.reason is not None:
             return self.reason
-        if any(type(t) is not Tensor for t in tensors):
-            return "a batch that is not plain tensors"
+        odd = [type(t).__name__ for t in tensors if type(t) is not Tensor]
+        if odd:
+            return f"a batch of {odd[0]} (values of its own each batch)"
         shapes = tuple((t.shape, t.dtype, type(t.array)) for t in tensors)
         if self.shapes is None:
             self.reason = _unsupported(tensors)

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import cuda
 
-__all__ = ["COMPUTE", "ENABLED", "WORKSPACE", "available", "library", "matmul", "product", "supports"]
+__all__ = ["COMPUTE", "WORKSPACE", "available", "library", "matmul", "product", "set_enabled", "supports"]
 
 OP_N, OP_T = 0, 1
 DATA = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}             # CUDA_R_32F, CUDA_R_64F
@@ -50,8 +50,7 @@ COMPUTE = {np.dtype(np.float32): 68, np.dtype(np.float64): 70}        # CUBLAS_C
 GEMM_DEFAULT = -1
 WORKSPACE = 32 << 20
 """Bytes of the handle's workspace (what cuBLAS advises for Hopper)."""
-ENABLED = os.environ.get("TINYMLP_CUBLAS", "1").strip().lower() not in ("0", "false", "no", "off")
-"""Whether ``product`` uses this binding (``TINYMLP_CUBLAS=0``: ``cupy.matmul`` always)."""
+_enabled = os.environ.get("TINYMLP_CUBLAS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def library():
@@ -103,8 +102,15 @@ def _loaded():
 
 
 def available() -> bool:
-    """Whether ``product`` calls this binding: ``ENABLED`` and libcublas loads (a handle made)."""
-    return ENABLED and _loaded() is not None
+    """Whether ``product`` calls this binding: it is enabled and libcublas loads (a handle made)."""
+    return _enabled and _loaded() is not None
+
+
+def set_enabled(on: bool) -> None:
+    """Use this binding for ``product`` (True, the default unless ``TINYMLP_CUBLAS=0``) or
+    ``cupy.matmul`` (False: e.g. to time what the binding saves without graphs)."""
+    global _enabled
+    _enabled = bool(on)
 
 
 def _check(status, what):
