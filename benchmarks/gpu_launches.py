@@ -21,7 +21,7 @@ replayed step: the batch copied into the graph's inputs, the step's values uploa
 scalars, dropout seeds) and the launch. The device still runs every kernel; the host no longer
 issues them one by one.
 
-    python benchmarks/gpu_launches.py                        # the CIFAR presets (counts as at batch 128)
+    python benchmarks/gpu_launches.py                        # the CIFAR presets (batch 16: counts barely depend on it)
     python benchmarks/gpu_launches.py --models mixer_cifar --sites 25 --clip
     python benchmarks/gpu_launches.py --graph                # and the host's operations per replayed step
 """

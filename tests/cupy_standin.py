@@ -28,7 +28,9 @@ arrays behave as CuPy's do where it matters:
   kernels) runs without a GPU and a wrong one computes what the GPU would;
 - stream capture and CUDA graphs (``standin_capture.py``): ``cuda.Stream.begin_capture`` /
   ``end_capture``, ``Graph.launch``, private memory pools, and CuPy 14's refusals during
-  capture; the libcublas that ``fast/cublas.py`` binds (``standin_cublas.py``).
+  capture; during capture an operation's result is allocated and NaN-filled (indices not yet
+  computed are read as zeros for its shape), and a replay fills it; the libcublas that
+  ``fast/cublas.py`` binds (``standin_cublas.py``), which ``emulate`` installs with the kernels.
 
 What it cannot see: timings; the maths of the CUDA kernels and of cuBLAS (``tests/test_cuda.py``
 and ``benchmarks/gpu_cublas_check.py`` check them on a GPU); CuPy-internal synchronisations

@@ -312,3 +312,30 @@ def test_fit_replays_its_step_and_says_which_steps_ran_how(gpu):
     assert reads == 2                                            # the metrics, once an epoch
     from tinymlp.train import format_epoch
     assert "5 of 6 steps replayed from a CUDA graph" in format_epoch(graphed)
+
+
+def test_fit_resumed_from_a_checkpoint_continues_the_graphed_run_exactly(gpu, tmp_path):
+    """A run stopped after an epoch of replayed steps (dropout on), saved, loaded into new objects
+    and continued (a new capture) gives the uninterrupted run's losses."""
+    from tinymlp import checkpoint
+    from tinymlp.data import DataLoader, SyntheticImages
+    from tinymlp.train import fit
+
+    def setup(seed):
+        loader = DataLoader(SyntheticImages(44, seed=0), 8, shuffle=True, device="cuda", rng=0)
+        model = tinymlp.models.create("mixer_cifar", seed=seed, **SMALL["mixer_cifar"]).to("cuda")
+        opt = tinymlp.optim.AdamW(model.parameters(), lr=1e-3)
+        return loader, model, opt, tinymlp.optim.WarmupCosine(opt, warmup_steps=2, total_steps=12)
+
+    def train(loader, model, opt, sched, **kwargs):
+        return fit(model, opt, loader, scheduler=sched, clip=1.0, progress=False, **kwargs)
+
+    whole = train(*setup(0), epochs=2)
+    loader, model, opt, sched = setup(0)
+    first = train(loader, model, opt, sched, epochs=1)
+    checkpoint.save(tmp_path / "run.npz", model, opt, sched, epoch=1, rng=loader.rng)
+    loader, model, opt, sched = setup(1)
+    meta = checkpoint.load(tmp_path / "run.npz", model, opt, sched)
+    loader.rng = meta["rng"]
+    resumed = train(loader, model, opt, sched, epochs=2, start_epoch=1, history=first)
+    assert resumed.train_loss == whole.train_loss and resumed.graph[1].startswith("3 of 6 steps replayed")

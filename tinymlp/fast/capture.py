@@ -1,7 +1,7 @@
 """The training step captured once into a CUDA graph and replayed: a step the host does not pace.
 
 On a GPU an op costs the host 10 to 30 microseconds of Python and driver calls whatever its size,
-and a training step of a CIFAR Mixer issues some 500 of them: at batch 128 the GPU finishes
+and a training step of a CIFAR Mixer issues some 400 of them: at batch 128 the GPU finishes
 each kernel before the host has issued the next, so the step takes as long as the host takes to
 issue it. A CUDA graph records the kernels of one step once (stream capture: the step's Python
 runs, the kernels are recorded, nothing is computed) and replays them all with one launch. The
@@ -9,7 +9,9 @@ replay reads the memory the capture used, so it needs:
 
 - fixed shapes, and the batch copied into input buffers of its own (``inputs``) before each launch;
 - everything the step allocates served by a private memory pool kept for the graph (another
-  array must never take memory the graph writes at each replay);
+  array must never take memory the graph writes at each replay; the blocks the warm-up left
+  cached in CuPy's pool are handed back first, so a step's memory is held once, not twice), and
+  what it reads that a cache could drop (pointer tables, constants) held with the graph;
 - nothing the capture refuses: no host read or upload, no CuPy product (cuBLAS through
   ``fast/cublas.py`` instead), no cuRAND (dropout's seeds are in device memory);
 - the values the host computes each step (learning rate, bias corrections, dropout seeds)
@@ -110,6 +112,7 @@ class CapturedStep:
         step runs eagerly for the rest of the run, and ``reason`` says why)."""
         cp = cuda.cupy()
         self.inputs = tuple(Tensor.from_array(cp.empty_like(t.array)) for t in tensors)
+        cp.get_default_memory_pool().free_all_blocks()  # the warm-up's cached blocks make room for the graph's
         stream, pool, error = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool(), None
         with scalars.recording() as recording, stream, cp.cuda.using_allocator(pool.malloc):
             stream.begin_capture()

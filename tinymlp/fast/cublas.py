@@ -201,6 +201,11 @@ def matmul(a, b, out=None):
     plan = _plan(a, b, out)
     if isinstance(plan, str):
         raise ValueError(f"cublas.matmul: {plan}")
+    return _gemm(a, b, out, plan)
+
+
+def _gemm(a, b, out, plan):
+    cp = cuda.cupy()
     batch, (op_a, ld_a), (op_b, ld_b), stride_a, stride_b, mc, stride_c = plan
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if out is None:
@@ -242,6 +247,12 @@ def product(a, b, out=None):
             return result
         out[...] = result
         return out
+    if _transposed(out):
+        product(_t(b), _t(a), _t(out))
+        return out
+    plan = _plan(a, b, out)
+    if not isinstance(plan, str):                       # the usual case: one call, planned once
+        return _gemm(a, b, out, plan)
     if not supports(a, b):                              # (the same copies eager and captured: the same sums)
         a, b = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
     if out is not None and not supports(a, b, out):
