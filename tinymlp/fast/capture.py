@@ -144,7 +144,8 @@ class CapturedStep:
         self.graph.launch()
         for t, grad in zip(self.written, self.grads):
             t.grad = grad
-            guard.mark_written(t)
+            if grad is not None:                        # (what an eager optimizer.step() marks)
+                guard.mark_written(t)
         return self.outputs
 
 
