@@ -4,11 +4,16 @@
 #   OUT=/tmp/gpu bash benchmarks/gpu_checklist.sh [seconds, default 400]
 #
 # Logs go to $OUT: doctor.log, pytest.log (the cuda tests), sync.log (no host sync inside a
-# step, CPU/GPU parity), examples.log (the training scripts on synthetic data), step.log
-# (benchmarks/gpu_step.py at batch 128 and 512), profile.log (benchmarks/gpu_profile.py: the
-# kernels a step runs, counted by CUPTI, beside PyTorch eager's), cublas.log (the capturable
-# products of tinymlp/fast/cublas.py against cupy.matmul, and replayed in a graph). The cuda tests run in the
-# background beside the sync check and the examples; the benchmarks run alone once they are done.
+# step, eager or captured; eager and captured losses equal over 50 steps; CPU/GPU parity),
+# examples.log (the training scripts on synthetic data), step.log (benchmarks/gpu_step.py at
+# batch 128 and 512: the eager step, the eager step with CuPy's products, the captured step,
+# each beside PyTorch eager; goal at batch 128: the captured step <= 0.85x PyTorch's),
+# epoch.log (benchmarks/gpu_epoch.py: a 50,000-image Mixer epoch through the whole pipeline,
+# with and without the graph; goal under 4.5 s on an H100), profile.log (benchmarks/gpu_profile.py:
+# the kernels a step runs, counted by CUPTI, beside PyTorch eager's), cublas.log (the capturable
+# products of tinymlp/fast/cublas.py against cupy.matmul, and replayed in a graph). The cuda tests
+# run in the background beside the sync check and the examples; the benchmarks run alone once
+# they are done.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tinymlp-gpu}
@@ -35,7 +40,7 @@ step 30 "$OUT/doctor.log" "$PY" -c "import cupy; cupy.show_config()"
       -p no:cacheprovider ) &
 tests=$!
 
-step 120 "$OUT/sync.log" "$PY" benchmarks/gpu_sync_check.py
+step 150 "$OUT/sync.log" "$PY" benchmarks/gpu_sync_check.py
 step 60 "$OUT/cublas.log" "$PY" benchmarks/gpu_cublas_check.py
 runs=$(mktemp -d)
 step 60 "$OUT/examples.log" "$PY" examples/train_cifar_mixer.py --device cuda --dataset synthetic \
@@ -51,7 +56,8 @@ step 40 "$OUT/examples.log" "$PY" examples/train_text_gmlp.py --device cuda --da
     --epochs 1 --limit-batches 3 --no-progress --out "$runs/text"
 wait "$tests"
 
-step 70 "$OUT/step.log" "$PY" benchmarks/gpu_step.py --batch-size 128 --steps 20 --warmup 3
-step 70 "$OUT/step.log" "$PY" benchmarks/gpu_step.py --batch-size 512 --steps 20 --warmup 3
+step 90 "$OUT/step.log" "$PY" benchmarks/gpu_step.py --batch-size 128 --steps 20 --warmup 3
+step 120 "$OUT/epoch.log" "$PY" benchmarks/gpu_epoch.py --images 50000 --epochs 2 --batch-size 128
+step 70 "$OUT/step.log" "$PY" benchmarks/gpu_step.py --batch-size 512 --steps 20 --warmup 3 --ways eager,graph
 step 90 "$OUT/profile.log" "$PY" benchmarks/gpu_profile.py --models mixer_cifar,gmlp_cifar,amlp_cifar --top 12
 echo "checklist done in $(( $(date +%s) - start )) s"

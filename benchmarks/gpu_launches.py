@@ -15,8 +15,15 @@ on an H100 the CIFAR Mixer's step (batch 128, no clipping) ran 377 CUDA kernels 
 (its proxy here: 303; cuBLAS adds split-K reduction kernels to some products) and 543 under
 tinymlp before the multi-tensor optimizer (``benchmarks/gpu_profile.py`` counts them there).
 
-    python benchmarks/gpu_launches.py                        # the CIFAR presets, batch 128
+``--graph``: the same step captured into a CUDA graph (``tinymlp/fast/capture.py``, as ``fit``
+runs it: two warm-up steps, the capture, then replays) and the operations the host issues for one
+replayed step: the batch copied into the graph's inputs, the step's values uploaded (AdamW's
+scalars, dropout seeds) and the launch. The device still runs every kernel; the host no longer
+issues them one by one.
+
+    python benchmarks/gpu_launches.py                        # the CIFAR presets (batch 16: counts barely depend on it)
     python benchmarks/gpu_launches.py --models mixer_cifar --sites 25 --clip
+    python benchmarks/gpu_launches.py --graph                # and the host's operations per replayed step
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import pytest  # noqa: E402  (its MonkeyPatch installs and removes the stand-in)
 
 import tinymlp  # noqa: E402
 import tinymlp.functional as F  # noqa: E402
+from tinymlp.fast.capture import CapturedStep  # noqa: E402
 from tinymlp.models import create  # noqa: E402
 from tinymlp.optim import AdamW, clip_grad_norm  # noqa: E402
 
@@ -51,8 +59,9 @@ TORCH_VIEWS = {
 }
 
 
-def tinymlp_ops(name, batch, clip, sites):
-    """(device operations of the second step, Counter by kind, Counter by site)."""
+def tinymlp_ops(name, batch, clip, sites, graph=False):
+    """(device operations of the second step, Counter by kind, Counter by site); with ``graph``,
+    also (host operations of a replayed step, Counter by kind, why it was not replayed or None)."""
     import cupy_standin
 
     mp = pytest.MonkeyPatch()
@@ -77,7 +86,15 @@ def tinymlp_ops(name, batch, clip, sites):
         cupy_standin.OPS.reset()
         step()
         ops = cupy_standin.OPS
-        return ops.count, Counter(ops.kinds), Counter(ops.sites)
+        eager = ops.count, Counter(ops.kinds), Counter(ops.sites)
+        if not graph:
+            return eager
+        captured = CapturedStep(lambda a, b: step(), model.parameters(), lambda: tuple(optimizer.flat_state or ()))
+        for _ in range(captured.warmup + 1):        # warm-up, then the capture and its first replay
+            captured(x, y)
+        ops.reset()
+        captured(x, y)
+        return eager + (ops.count, Counter(ops.kinds), captured.why)
     finally:
         mp.undo()
         cupy_standin.clear_kernel_caches()
@@ -135,15 +152,22 @@ def main(argv=None):
                         help="the counts do not depend on it; small is quick (default 16)")
     parser.add_argument("--clip", action="store_true", help="clip the gradients' norm, as the example scripts do")
     parser.add_argument("--sites", type=int, default=0, help="list the N lines of tinymlp that ask for the most")
+    parser.add_argument("--graph", action="store_true",
+                        help="also capture the step into a CUDA graph and count the host's operations per replay")
     args = parser.parse_args(argv)
     rows = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        count, kinds, sites = tinymlp_ops(name, args.batch_size, args.clip, args.sites)
+        count, kinds, sites, *replay = tinymlp_ops(name, args.batch_size, args.clip, args.sites, args.graph)
         theirs = torch_ops(name, args.batch_size, args.clip)
         rows.append((name, count, theirs, kinds, sites))
         print(f"{name:12s} tinymlp {count:5d} device operations a step   PyTorch eager "
               f"{theirs if theirs is not None else '-':>5} operators"
               + (f"   ratio {count / theirs:.2f}" if theirs else ""), flush=True)
+        if replay:
+            host, host_kinds, why = replay
+            detail = ", ".join(f"{k} {n}" for k, n in sorted(host_kinds.items()))
+            print(f"{'':12s} host operations per replayed step: {host}   (eager: {count})   [{detail}]"
+                  if why is None else f"{'':12s} NOT REPLAYED ({why}): {host} host operations a step", flush=True)
     if args.sites:
         for name, _, _, kinds, sites in rows:
             print(f"\n{name}: by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common(12)))

@@ -7,15 +7,24 @@ steps. Each round is timed between two device synchronisations (``cupy.cuda.Devi
 ``torch.cuda.synchronize()``), so that the time counts the GPU work and not only its launch;
 within a round the host queues steps without waiting, as a training loop does.
 
-Printed per model: the median ms/step over the rounds, images/s, the ratio tinymlp / PyTorch,
-the peak GPU memory of a step (parameters, gradients, optimizer state and batch included:
-tinymlp's from CuPy's memory pool, counted by a memory hook; PyTorch's from
-``torch.cuda.max_memory_allocated``), and the time a 50,000-image epoch would take at that
-speed (data loading excluded). Neither side uses TF32 (CuPy without CUPY_TF32=1; PyTorch's
-default ``allow_tf32 = False`` for matmuls).
+tinymlp's step runs three ways, each beside PyTorch eager in the same rounds:
+
+- ``eager``: op by op, its products through the capturable cuBLAS binding (``fast/cublas.py``);
+- ``cupy mm``: op by op, its products through ``cupy.matmul`` (what the binding saves, without graphs);
+- ``graph``: captured once into a CUDA graph and replayed (``fast/capture.py``, as ``fit`` runs
+  it): the host copies the batch in, uploads the step's scalars and launches the graph.
+
+Printed per model: the median ms/step over the rounds, images/s, each ratio to PyTorch, the peak
+GPU memory of a step (parameters, gradients, optimizer state and batch included: tinymlp's from
+CuPy's memory pool, counted by a memory hook, plus the graph's own pool for ``graph``; PyTorch's
+from ``torch.cuda.max_memory_allocated``), and the time a 50,000-image epoch would take at that
+speed (data loading excluded: ``examples/train_cifar_mixer.py --dataset synthetic
+--synthetic-size 50000`` times the whole pipeline). Neither side uses TF32 (CuPy without
+CUPY_TF32=1, the binding's CUBLAS_COMPUTE_32F; PyTorch's default ``allow_tf32 = False``).
 
     python benchmarks/gpu_step.py                       # batch 256, the three presets
     python benchmarks/gpu_step.py --models mixer_cifar --batch-size 512 --steps 50
+    python benchmarks/gpu_step.py --batch-size 128 --ways eager,graph
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))       # for cpu_step an
 
 import tinymlp
 from tinymlp.backend import get_cupy
+from tinymlp.fast import cublas
+from tinymlp.fast.capture import CapturedStep
 from tinymlp.models import create
 from tinymlp.optim import AdamW
 
@@ -42,6 +53,7 @@ from cpu_step import tinymlp_step, torch_step  # the same training step, timed h
 
 EPOCH_IMAGES = 50_000
 LR, WEIGHT_DECAY = 1e-3, 0.05
+WAYS = ("eager", "cupy mm", "graph")
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -95,6 +107,20 @@ def torch_peak_bytes(torch, step):
 
 
 # ----------------------------------------------------------------------------- one model
+class CupyProducts:
+    """tinymlp's step with its products through ``cupy.matmul`` (the binding switched off)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __call__(self):
+        cublas.set_enabled(False)
+        try:
+            return self.step()
+        finally:
+            cublas.set_enabled(True)
+
+
 def bench_model(name, args, cp, torch):
     model = create(name)
     if torch is not None:   # same weights on both sides: the twin is built before the move to the GPU
@@ -113,7 +139,12 @@ def bench_model(name, args, cp, torch):
     def run_tiny():
         return tinymlp_step(model, optimizer, x, y)
 
+    graphed = CapturedStep(lambda a, b: tinymlp_step(model, optimizer, a, b), model.parameters(),
+                           lambda: tuple(optimizer.flat_state or ()))
+    steps = {"eager": run_tiny, "cupy mm": CupyProducts(run_tiny), "graph": lambda: graphed(x, y)}
+    steps = {way: steps[way] for way in args.ways}
     first = {"tinymlp": float(run_tiny().item())}
+    runs = {f"tinymlp {way}": (step, sync_cupy) for way, step in steps.items()}
     if torch is not None:
         t_opt = torch.optim.AdamW(twin.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         tx, ty = torch.from_numpy(images).cuda(), torch.from_numpy(labels).cuda()
@@ -122,29 +153,27 @@ def bench_model(name, args, cp, torch):
             return torch_step(torch, twin, t_opt, tx, ty)
 
         first["PyTorch"] = float(run_torch().item())
+        runs["PyTorch"] = (run_torch, torch.cuda.synchronize)
 
-    for _ in range(args.warmup):        # compile kernels, fill the memory pools, settle clocks
-        run_tiny()
-        if torch is not None:
-            run_torch()
+    for _ in range(max(args.warmup, CapturedStep.WARMUP + 1)):   # compile, fill the pools, capture, settle
+        for step, _ in runs.values():
+            step()
     sync_cupy()
 
     rounds = max(1, math.ceil(args.steps / args.per_round))
-    tiny_times, torch_times = [], []
-    for _ in range(rounds):             # alternate, so that both see the same GPU conditions
-        tiny_times += time_rounds(run_tiny, sync_cupy, 1, args.per_round)
-        if torch is not None:
-            torch_times += time_rounds(run_torch, torch.cuda.synchronize, 1, args.per_round)
+    times = {label: [] for label in runs}
+    for _ in range(rounds):             # alternate, so that all see the same GPU conditions
+        for label, (step, sync) in runs.items():
+            times[label] += time_rounds(step, sync, 1, args.per_round)
 
-    result = {
-        "name": name,
-        "params": model.num_parameters(),
-        "first_loss": first,
-        "tinymlp_ms": 1e3 * statistics.median(tiny_times),
-        "tinymlp_peak": cupy_peak_bytes(cp, run_tiny),
-        "torch_ms": 1e3 * statistics.median(torch_times) if torch_times else None,
-        "torch_peak": torch_peak_bytes(torch, run_torch) if torch is not None else None,
-    }
+    result = {"name": name, "params": model.num_parameters(), "first_loss": first,
+              "ms": {label: 1e3 * statistics.median(t) for label, t in times.items()}, "peak": {}}
+    for way, step in steps.items():
+        extra = graphed.pool.total_bytes() if way == "graph" and graphed.pool is not None else 0
+        result["peak"][f"tinymlp {way}"] = cupy_peak_bytes(cp, step) + extra
+    if torch is not None:
+        result["peak"]["PyTorch"] = torch_peak_bytes(torch, run_torch)
+    result["graph"] = graphed.reason or f"replayed ({dict(graphed.counts)})"
     return result
 
 
@@ -172,23 +201,29 @@ def print_header(cp, torch, args):
 
 
 def print_table(results, batch):
-    head = (f"{'model':12s} {'params':>7s} {'tinymlp ms':>10s} {'torch ms':>9s} {'ratio':>6s} "
-            f"{'tinymlp img/s':>13s} {'torch img/s':>11s} {'tinymlp peak':>12s} {'torch peak':>10s} "
-            f"{'epoch (tinymlp)':>15s} {'epoch (torch)':>13s}")
+    labels = list(results[0]["ms"])
+    head = (f"{'model':12s} {'params':>7s} {'step':16s} {'ms':>8s} {'vs torch':>8s} {'img/s':>9s} {'peak':>10s} "
+            f"{'epoch':>8s}")
     print(head)
     print("-" * len(head))
     steps = EPOCH_IMAGES / batch
     for r in results:
-        t, p = r["tinymlp_ms"], r["torch_ms"]
-        print(f"{r['name']:12s} {r['params'] / 1e6:6.2f}M {t:10.2f} {p if p is not None else float('nan'):9.2f} "
-              f"{t / p if p else float('nan'):6.2f} {batch / t * 1e3:13,.0f} "
-              f"{batch / p * 1e3 if p else float('nan'):11,.0f} "
-              f"{_mib(r['tinymlp_peak']):>12s} {_mib(r['torch_peak']):>10s} "
-              f"{steps * t / 1e3:14.1f}s {steps * p / 1e3 if p else float('nan'):12.1f}s")
+        torch_ms = r["ms"].get("PyTorch")
+        for k, label in enumerate(labels):
+            t = r["ms"][label]
+            name, params = (r["name"], f"{r['params'] / 1e6:6.2f}M") if k == 0 else ("", "")
+            ratio = f"{t / torch_ms:8.2f}" if torch_ms and label != "PyTorch" else ""
+            print(f"{name:12s} {params:>7s} {label:16s} {t:8.2f} {ratio:>8s} {batch / t * 1e3:9,.0f} "
+                  f"{_mib(r['peak'].get(label)):>10s} {steps * t / 1e3:7.1f}s")
     print()
     for r in results:
         losses = ", ".join(f"{k} {v:.4f}" for k, v in r["first_loss"].items())
-        print(f"first-step loss of {r['name']}: {losses}  (ln 10 = {math.log(10):.4f}: zero heads)")
+        print(f"first-step loss of {r['name']}: {losses}  (ln 10 = {math.log(10):.4f}: zero heads); "
+              f"graph: {r['graph']}")
+    goal = [f"{r['name']} {r['ms']['tinymlp graph'] / r['ms']['PyTorch']:.2f}x" for r in results
+            if "tinymlp graph" in r["ms"] and "PyTorch" in r["ms"]]
+    if goal:
+        print(f"graph / PyTorch eager at batch {batch}: {', '.join(goal)} (goal at batch 128: <= 0.85x)")
 
 
 def main(argv=None):
@@ -200,7 +235,13 @@ def main(argv=None):
     parser.add_argument("--models", default="mixer_cifar,gmlp_cifar,amlp_cifar",
                         help="comma-separated presets (default: mixer_cifar,gmlp_cifar,amlp_cifar)")
     parser.add_argument("--no-torch", action="store_true", help="time tinymlp only")
+    parser.add_argument("--ways", default=",".join(WAYS),
+                        help=f"tinymlp's steps to time, comma-separated (default: {','.join(WAYS)})")
     args = parser.parse_args(argv)
+    args.ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    unknown = [w for w in args.ways if w not in WAYS]
+    if unknown or not args.ways:
+        parser.error(f"--ways: {', '.join(unknown) or 'none given'}; choose from {', '.join(WAYS)}")
 
     if not tinymlp.cuda_available():
         try:
@@ -226,7 +267,8 @@ def main(argv=None):
         cp.get_default_memory_pool().free_all_blocks()    # the model's arrays are gone: start clean
         if torch is not None:
             torch.cuda.empty_cache()
-        print(f"  {name}: tinymlp {results[-1]['tinymlp_ms']:.2f} ms/step", flush=True)
+        print(f"  {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in results[-1]["ms"].items()) + " ms/step",
+              flush=True)
     print()
     print_table(results, args.batch_size)
     return 0

@@ -4,9 +4,14 @@
    outside (kernel compilation, memory pool warm-up), then the next batch is drawn from the
    loader (crop, flip, normalise on the device) and a whole step (forward, loss, backward,
    clip, AdamW, schedule) runs inside ``cupyx.allow_synchronize(False)``: any read of a device
-   value on the host raises there. Then ``fit()`` runs a short epoch the same way, the
-   end-of-epoch metric read alone allowed.
-2. **CPU/GPU parity.** The same preset, weights and batch give the same loss and gradients on
+   value on the host raises there. Then ``fit()`` runs a short epoch the same way (its step
+   captured into a CUDA graph), the end-of-epoch metric read alone allowed.
+2. **The captured step.** For each model, the step captured into a CUDA graph
+   (``tinymlp/fast/capture.py``) against the eager step from the same weights on the same 50
+   augmented batches, with a schedule, clipping and (one model) dropout: every loss equal (bit
+   for bit), every step after the warm-up replayed, a replay inside
+   ``allow_synchronize(False)`` (and the capture itself refuses any host read or upload).
+3. **CPU/GPU parity.** The same preset, weights and batch give the same loss and gradients on
    both devices (float32 tolerance), with the fast tier on and off.
 
     python benchmarks/gpu_sync_check.py
@@ -27,8 +32,9 @@ import tinymlp.functional as F
 from tinymlp import fast, train
 from tinymlp.backend import get_cupy, to_device
 from tinymlp.data import Compose, DataLoader, HorizontalFlip, Normalize, RandomCrop, SyntheticImages
+from tinymlp.fast.capture import CapturedStep
 from tinymlp.models import create
-from tinymlp.optim import AdamW, clip_grad_norm
+from tinymlp.optim import AdamW, WarmupCosine, clip_grad_norm, param_groups
 
 MODELS = {
     "mixer_cifar": dict(),
@@ -98,12 +104,52 @@ def sync_check(cp, cupyx):
             history = train.fit(model, optimizer, loader("cuda"), epochs=1, progress=False,
                                   limit_batches=4, sync_every=10_000)
         print(f"  fit(), 4 steps inside allow_synchronize(False): ok   (train loss "
-              f"{history.train_loss[-1]:.4f})")
+              f"{history.train_loss[-1]:.4f}; {history.graph[-1]})")
     except Exception as e:  # noqa: BLE001
         failures.append("fit")
         print(f"  fit() FAILED: {type(e).__name__}: {e}")
     finally:
         train._to_host = read
+    return failures
+
+
+def graph_check(cp, cupyx, steps=50):
+    """Eager and captured steps from the same weights on the same batches: the same losses."""
+    failures = []
+    batches, source = [], loader("cuda")
+    while len(batches) < steps:
+        batches += list(source)
+    batches = batches[:steps]
+    no_sync = getattr(cupyx, "allow_synchronize", None)
+    for label, kwargs in MODELS.items():
+        losses, runners = {}, {}
+        for way in ("eager", "graph"):
+            model = build(label, kwargs)
+            optimizer = AdamW(param_groups(model, 0.05), lr=1e-3)
+            schedule = WarmupCosine(optimizer, warmup_steps=5, total_steps=steps)
+
+            def one(x, y, model=model, optimizer=optimizer):
+                return step(model, optimizer, x, y)
+
+            run = one if way == "eager" else CapturedStep(one, model.parameters(),
+                                                          lambda o=optimizer: tuple(o.flat_state or ()))
+            runners[way], losses[way] = run, []
+            for k, (x, y) in enumerate(batches):
+                if way == "graph" and k == steps - 1 and no_sync is not None and run.graph is not None:
+                    with no_sync(False):
+                        loss = run(x, y)
+                else:
+                    loss = run(x, y)
+                losses[way].append(float(loss.item()))
+                schedule.step()
+        graphed = runners["graph"]
+        diff = max(abs(a - b) for a, b in zip(losses["eager"], losses["graph"]))
+        ok = losses["eager"] == losses["graph"] and graphed.counts["replayed"] == steps - graphed.warmup
+        failures += [] if ok else [f"{label} graph"]
+        print(f"  {label:28s} {steps} steps, eager vs graph: losses {'bit-equal' if diff == 0 else 'DIFFER'} "
+              f"(max |difference| {diff:.2e}, last {losses['graph'][-1]:.4f}); {dict(graphed.counts)}"
+              f"{'' if no_sync is None else '; a replay inside allow_synchronize(False)'}   "
+              f"{'ok' if ok else 'FAILED: ' + str(graphed.reason)}")
     return failures
 
 
@@ -151,6 +197,8 @@ def main():
           f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     print("no host synchronisation inside a step:")
     failures = sync_check(cp, cupyx)
+    print("the step captured into a CUDA graph against the eager step (batch 64):")
+    failures += graph_check(cp, cupyx)
     print("CPU/GPU parity (float32, batch 16, the same weights):")
     failures += parity()
     print("all ok" if not failures else f"FAILED: {', '.join(failures)}")

@@ -71,6 +71,10 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g = p.add_argument_group("device and data")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where to train ('cuda' needs CuPy and a GPU: see python -m tinymlp doctor)")
+    g.add_argument("--no-graph", action="store_true",
+                   help="on CUDA, run every training step eagerly; by default the step is captured into a "
+                        "CUDA graph after two warm-up steps and replayed for every full batch (the epoch line "
+                        "says how many steps were replayed, and why the others ran eagerly)")
     g.add_argument("--dataset", choices=["cifar10", "cifar100", "synthetic", "folder", "npz"], default="cifar10",
                    help="'synthetic' is a generated 10-class set in the CIFAR format: no download; your own "
                         "images: 'folder' (--data-dir DIR with DIR/train/<class>/*.png|jpg and DIR/test/<class>/...; "

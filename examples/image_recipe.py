@@ -150,7 +150,7 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
     if start < args.epochs:
         fit(model, opt, train_loader, val_loader, epochs=args.epochs, scheduler=sched,
             clip=args.clip or None, callbacks=[save_run], progress=show, limit_batches=args.limit_batches,
-            loss_fn=loss_fn, start_epoch=start, history=history, val_name="validation")
+            loss_fn=loss_fn, start_epoch=start, history=history, val_name="validation", graph=not args.no_graph)
     else:
         print(f"{count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     if weight_plot is not None:

@@ -261,7 +261,7 @@ def run(args, prepare, explicit, lm=False):
     if start < args.epochs:
         fit(model, opt, train_loader, val_loader, epochs=args.epochs, scheduler=sched, clip=args.clip or None,
             callbacks=[save_run], progress=show, limit_batches=args.limit_batches, loss_fn=loss_fn,
-            start_epoch=start, history=history, unit="samples", val_name=val_name)
+            start_epoch=start, history=history, unit="samples", val_name=val_name, graph=not args.no_graph)
     else:
         print(f"{count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     if test_loader is not None:                      # the test set, once, at the end

@@ -28,7 +28,9 @@ arrays behave as CuPy's do where it matters:
   kernels) runs without a GPU and a wrong one computes what the GPU would;
 - stream capture and CUDA graphs (``standin_capture.py``): ``cuda.Stream.begin_capture`` /
   ``end_capture``, ``Graph.launch``, private memory pools, and CuPy 14's refusals during
-  capture; the libcublas that ``fast/cublas.py`` binds (``standin_cublas.py``).
+  capture; during capture an operation's result is allocated and NaN-filled (indices not yet
+  computed are read as zeros for its shape), and a replay fills it; the libcublas that
+  ``fast/cublas.py`` binds (``standin_cublas.py``), which ``emulate`` installs with the kernels.
 
 What it cannot see: timings; the maths of the CUDA kernels and of cuBLAS (``tests/test_cuda.py``
 and ``benchmarks/gpu_cublas_check.py`` check them on a GPU); CuPy-internal synchronisations
@@ -50,9 +52,10 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 import standin_capture as _capture
+from standin_cublas import emulate_cublas
 from standin_memory import CUDARuntimeError, kernel_arguments, memory_at, register, signature, take  # noqa: F401
 from tinymlp import backend
-from tinymlp.fast import cuda
+from tinymlp.fast import cublas, cuda
 from tinymlp.fast.kernels import activation_cuda, dropout_cuda, optim_cuda
 
 
@@ -127,6 +130,12 @@ def _c_order(result):
     if isinstance(result, tuple):
         return tuple(_c_order(r) for r in result)
     return result
+
+
+def _in_c_order(fn):
+    """``fn`` whose result is laid out as CuPy lays out an elementwise operation's (``_c_order``):
+    the array a captured operation allocates is then the one the caller gets."""
+    return lambda *args, **kwargs: _c_order(fn(*args, **kwargs))
 
 
 def _count_result(name, result, sources):
@@ -208,7 +217,12 @@ def _device_op(name, fn, args, kwargs, sources=(), inplace=False):
         graph.record(fn, *args, **kwargs)
         return kwargs["out"] if "out" in kwargs else args[0] if args else None
     with np.errstate(all="ignore"):
-        result = fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except IndexError:          # indices the graph computes at replay (not yet: NaN-filled): any valid
+            result = fn(*_zero_indices(args), **kwargs)        # index gives the result's shape and dtype
+    if isinstance(result, np.generic):                     # a reduction's scalar: CuPy's 0-d array
+        result = np.asarray(result)
     arrays = [r for r in (result if isinstance(result, tuple) else (result,)) if isinstance(r, np.ndarray)]
     new = [r for r in arrays if not any(isinstance(s, np.ndarray) and np.shares_memory(r, s) for s in sources)]
     if new:
@@ -216,6 +230,15 @@ def _device_op(name, fn, args, kwargs, sources=(), inplace=False):
         if name not in ("empty", "empty_like"):            # an allocation without a fill runs nothing
             graph.record(_refill, result, fn, args, kwargs)
     return result
+
+
+def _zero_indices(value):
+    """``value`` with its integer arrays (indices) replaced by zeros."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return np.zeros_like(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_zero_indices(v) for v in value)
+    return value
 
 
 def _refill(result, fn, args, kwargs):
@@ -313,11 +336,13 @@ class DeviceArray(NDArrayOperatorsMixin):
         out = kwargs.get("out")
         args = _unwrap(inputs, ufunc.__name__)
         kwargs = _unwrap(kwargs, ufunc.__name__)
-        result = _device_op(ufunc.__name__, getattr(ufunc, method), args, kwargs, args, inplace=out is not None)
+        run = getattr(ufunc, method)
+        result = _device_op(ufunc.__name__, run if out is not None else _in_c_order(run), args, kwargs, args,
+                            inplace=out is not None)
         OPS.record(ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}")
         if out is not None:                                 # in place: the same device arrays back
             return out[0] if len(out) == 1 else out
-        return _wrap(_c_order(result))
+        return _wrap(result)
 
     def __array_function__(self, func, types_, args, kwargs):
         args, kwargs = _unwrap(args, func.__name__), _unwrap(kwargs, func.__name__)
@@ -434,8 +459,10 @@ class _UFunc:
     def __call__(self, *args, **kwargs):
         OPS.record(self.__name__)
         args, kw = _unwrap(args, self.__name__), _unwrap(kwargs, self.__name__)
-        result = _device_op(self.__name__, self._u, args, kw, args, inplace=kw.get("out") is not None)
-        return _wrap(result if kwargs.get("out") is not None else _c_order(result))
+        inplace = kw.get("out") is not None
+        result = _device_op(self.__name__, self._u if inplace else _in_c_order(self._u), args, kw, args,
+                            inplace=inplace)
+        return _wrap(result)
 
     def __getattr__(self, name):
         attr = getattr(self._u, name)
@@ -603,7 +630,8 @@ def install(monkeypatch):
     return standin
 
 
-_KERNEL_CACHES = (cuda.cupy, cuda._module, cuda._function, cuda._launcher, cuda.elementwise)   # (tests replace some)
+_KERNEL_CACHES = (cuda.cupy, cuda._module, cuda._function, cuda._launcher, cuda.elementwise,   # (tests replace some)
+                  cublas._handle, cublas._loaded)
 
 
 def clear_kernel_caches():
@@ -842,9 +870,11 @@ def _run_multi_tensor(name, dtype, a):
 
 def emulate(monkeypatch, check=True):
     """Every fast-tier CUDA kernel "working" on an installed stand-in (both dtypes), emulated in
-    NumPy behind the fast tier's own launchers (whose checks run); the self-tests run (launching
-    every kernel once and comparing its numbers with NumPy's) unless ``check`` is False, then
-    ``LAUNCHED`` is emptied."""
+    NumPy behind the fast tier's own launchers (whose checks run), and the libcublas that
+    ``fast/cublas.py`` binds (``standin_cublas.py``); the self-tests run (launching every kernel
+    once and comparing its numbers with NumPy's) unless ``check`` is False, then ``LAUNCHED`` is
+    emptied."""
+    emulate_cublas(monkeypatch)
     monkeypatch.setattr(cuda, "compile_kernel", emulated_kernel)
     monkeypatch.setattr(cuda, "elementwise", emulated_elementwise)
     monkeypatch.setattr(cuda, "_kernel_state", {})

@@ -195,7 +195,8 @@ class _Weak:
     def get(self):
         root = self.ref()
         if root is None:
-            raise CUDARuntimeError(f"{ILLEGAL} (the graph reads an array freed since its capture)")
+            raise CUDARuntimeError(f"{ILLEGAL} (the graph reads an array of {self.dtype} {self.shape} freed since "
+                                   "its capture)")
         return np.lib.stride_tricks.as_strided(Pointer(root, self.offset).view(self.dtype), self.shape, self.strides)
 
 
@@ -230,16 +231,22 @@ class Graph:
 
     def record(self, run, *args, **kwargs):
         """Record ``run(*args, **kwargs)`` to be called at each launch, on the arrays the
-        arguments are then (held as the GPU holds memory: see the module docstring)."""
-        self.ops.append((run, self._hold(args), self._hold(kwargs)))
+        arguments are then (held as the GPU holds memory: see the module docstring); the line of
+        tinymlp that issued it is kept for error messages."""
+        from cupy_standin import _site
+        self.ops.append((run, self._hold(args), self._hold(kwargs), _site()))
 
     def launch(self, stream=None):
         if _CAPTURE[0] is not None:
             raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported: a graph launched during capture")
         from cupy_standin import OPS, DeviceArray
         OPS.record("graph launch")
-        for run, args, kwargs in self.ops:
-            run(*_release(args, DeviceArray), **_release(kwargs, DeviceArray))
+        for run, args, kwargs, site in self.ops:
+            try:
+                args, kwargs = _release(args, DeviceArray), _release(kwargs, DeviceArray)
+            except CUDARuntimeError as err:
+                raise CUDARuntimeError(f"{err}, in the operation captured at {site}") from None
+            run(*args, **kwargs)
         self.launches += 1
 
     def upload(self, stream=None):

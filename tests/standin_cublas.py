@@ -72,6 +72,8 @@ class FakeCublas:
             C[...] = alpha_v * np.matmul(opa, opb) + (beta_v * C if beta_v else 0)
 
         self.calls += 1
+        from cupy_standin import OPS
+        OPS.record("cublas gemm")
         if graph is not None:
             graph.record(gemm, a_mem, b_mem, c_mem)
         else:
@@ -85,4 +87,5 @@ def emulate_cublas(monkeypatch):
     fake = FakeCublas()
     monkeypatch.setattr(cublas, "library", lambda: fake)
     cublas._handle.cache_clear()
+    cublas._loaded.cache_clear()
     return fake

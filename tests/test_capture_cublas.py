@@ -83,3 +83,40 @@ def test_a_cublas_product_is_captured_and_replays_on_new_inputs_where_cupys_is_r
         a.set(host)
         graph.launch()
         np.testing.assert_allclose(y.get(), host @ w.get().T, rtol=1e-5, atol=1e-6)
+
+
+OUTS = {
+    "a third of a token-major array (self-attention's dq)":
+        lambda cp, m, n: cp.empty((4, 2, 3 * n), np.float32).swapaxes(0, 1)[..., n:2 * n][:, :m],
+    "laid out as a transpose": lambda cp, m, n: cp.empty((2, n, m), np.float32).swapaxes(1, 2),
+    "C order": lambda cp, m, n: cp.empty((2, m, n), np.float32),
+}
+
+
+@pytest.mark.parametrize("out", list(OUTS))
+def test_cublas_matmul_writes_into_out_in_place(gpu, out):
+    cp, fake = gpu
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 4, 3)).astype(np.float32), rng.standard_normal((2, 3, 5)).astype(np.float32)
+    into = OUTS[out](cp, 4, 5)
+    assert cublas.supports(cp.asarray(a), cp.asarray(b), into)
+    got = cublas.product(cp.asarray(a), cp.asarray(b), out=into)
+    assert got is into and fake.calls == 1
+    np.testing.assert_allclose(into.get(), a @ b, rtol=1e-5, atol=1e-6)
+
+
+def test_product_reads_1d_operands_and_copies_what_one_call_cannot_read(gpu):
+    """A bias gradient 1^T G (a 1-D operand), and ViT's per-head products, whose two batch axes
+    have strides that do not collapse to one: copied first, then one call (as eager as captured)."""
+    cp, fake = gpu
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((6, 5)).astype(np.float32)
+    ones = np.ones(6, np.float32)
+    np.testing.assert_allclose(cublas.product(cp.asarray(ones), cp.asarray(g)).get(), ones @ g, rtol=1e-5)
+    np.testing.assert_allclose(cublas.product(cp.asarray(g), cp.asarray(ones[:5])).get(), g @ ones[:5], rtol=1e-5)
+    qkv = rng.standard_normal((2, 7, 3, 2, 4)).astype(np.float32)          # (B, S, q/k/v, heads, d)
+    q, k = (cp.asarray(qkv)[:, :, i].transpose(0, 2, 1, 3) for i in (0, 1))  # (B, heads, S, d) views
+    assert not cublas.supports(q, k.swapaxes(-1, -2))
+    want = qkv[:, :, 0].transpose(0, 2, 1, 3) @ qkv[:, :, 1].transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(cublas.product(q, k.swapaxes(-1, -2)).get(), want, rtol=1e-5, atol=1e-6)
+    assert fake.calls == 3

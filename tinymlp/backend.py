@@ -39,6 +39,7 @@ __all__ = [
     "cgroup_memory_limit",
     "INSTALL_CUPY",
     "device_constant",
+    "device_constants",
     "device_of",
     "get_cupy",
     "is_float_dtype",
@@ -377,6 +378,12 @@ def device_constant(xp, key, make):
     while len(_device_constants) > MAX_DEVICE_CONSTANTS:
         del _device_constants[next(iter(_device_constants))]
     return value
+
+
+def device_constants() -> tuple:
+    """The device constants kept now. A CUDA graph reads memory by address: one captured with
+    some of them holds them all, since this cache may later let one go to the memory pool."""
+    return tuple(_device_constants.values())
 
 
 # ------------------------------------------------------------------------ arrays from user data

@@ -16,9 +16,16 @@ No waiting for the GPU. On CUDA every array operation is queued and the host run
 asking for a number (``loss.item()``, ``float(x)``) makes the host wait until the queue has
 drained. Reading the loss after every batch would therefore serialise host and device. The
 loop instead *accumulates* its metrics on the device (a running sum of ``loss * batch`` and
-a running count of correct predictions, both device scalars) and brings them to the host
-only every ``sync_every`` batches and at the end of an epoch, in one transfer (``_to_host``).
-The progress bar's loss and accuracy are running epoch means, refreshed at those moments.
+a running count of correct predictions, in place in one small device array) and brings them
+to the host only every ``sync_every`` batches and at the end of an epoch, in one transfer
+(``_to_host``). The progress bar's loss and accuracy are running epoch means, refreshed then.
+
+One CUDA graph per run. On CUDA (fast tier on) ``fit`` captures its step (forward, loss,
+backward, clipping, the optimizer, the metrics' sums) into a CUDA graph after two warm-up steps
+and replays it for every batch of the same shapes: one launch instead of some 500 ops issued by
+Python (``tinymlp/fast/capture.py``). A batch of another shape (the last, partial one) runs the
+eager step; so do evaluation and any step that cannot be captured (the reason is kept).
+``graph=False`` turns it off. The history records, per epoch, how many steps were replayed.
 
 Accuracy with soft targets (mixup, cutmix: a distribution over classes per image) counts a
 prediction as correct when it is the target's most probable class.
@@ -39,6 +46,7 @@ from . import functional as F
 from .grad_mode import no_grad
 from .backend import array_module, parse_device, to_device
 from .data.loader import as_count, as_fraction
+from .fast.capture import CapturedStep
 from .optim import clip_grad_norm
 from .tensor import Tensor
 
@@ -57,7 +65,9 @@ class History:
     step; ``epoch_time`` the seconds of the epoch (training and validation); ``images_per_sec``
     the training throughput (training images / training seconds); ``steps`` the optimizer steps
     taken since the start of the run, at the end of each epoch; ``warmup_time`` the seconds of
-    the run's first training step, in the run's first epoch (None in the others).
+    the run's first training step, in the run's first epoch (None in the others); ``graph`` how
+    the epoch's steps ran on CUDA: "N of M replayed from a CUDA graph", with the reasons of the
+    eager ones (None on the CPU).
 
     The first step of a process is where CuPy compiles its kernels (and NumPy/BLAS warm up):
     on a GPU it can take longer than the rest of a short epoch. The first epoch's
@@ -75,8 +85,9 @@ class History:
     images_per_sec: list = field(default_factory=list)
     steps: list = field(default_factory=list)
     warmup_time: list = field(default_factory=list)
+    graph: list = field(default_factory=list)
 
-    OPTIONAL = ("warmup_time",)
+    OPTIONAL = ("warmup_time", "graph")
     """Fields that ``append`` and ``from_dict`` fill with None when left out (a saved history
     without them)."""
 
@@ -153,41 +164,49 @@ def format_epoch(history: History, total_epochs=None, val_name="val", unit="img"
     text += f" | lr {r['lr']:.2e} | {r['images_per_sec']:.0f} {unit}/s"
     if r.get("warmup_time") is not None:
         text += f" (first step {r['warmup_time']:.1f} s, counted apart)"
+    if r.get("graph") is not None:
+        text += f" | {r['graph']}"
     return text + f" | {r['epoch_time']:.1f} s"
 
 
 # ---------------------------------------------------------------------- metrics on the device
 class _Running:
-    """Sums of ``loss * batch_size`` and of correct predictions, kept on the batches' device.
+    """Sums of ``loss * batch_size`` and of correct predictions, in place in one float64 array on
+    the batches' device (a captured step adds into its memory at each replay).
 
-    ``add`` queues two tiny device operations and returns at once; ``read`` is the only place
-    that waits for the device (see the module docstring).
+    ``add`` queues a few tiny device operations and returns at once (``accumulate``: the device
+    half, which a CUDA graph replays; ``count`` is the host's); ``read`` is the only place that
+    waits for the device (see the module docstring).
     """
 
     def __init__(self):
-        self.loss_sum = None          # device scalar (float64)
-        self.correct = None           # device scalar (int64)
+        self.sums = None              # device array (float64): [sum of loss * batch, correct]
         self.count = 0                # images seen: a host int, known from the shapes
 
+    def reset(self):
+        if self.sums is not None:
+            self.sums[...] = 0
+        self.count = 0
+
     def add(self, loss, logits, target):
+        self.accumulate(loss, logits, target)
+        self.count += len(target)
+
+    def accumulate(self, loss, logits, target):
         xp = array_module(logits)
         if target.ndim == 2:          # soft targets: the most probable class counts as the label
             target = target.argmax(axis=1)
-        batch = len(target)
-        loss_sum = loss.astype(np.float64) * batch
-        correct = xp.count_nonzero(logits.argmax(axis=1) == target)
-        if self.loss_sum is None:
-            self.loss_sum, self.correct = loss_sum, correct
-        else:
-            self.loss_sum = self.loss_sum + loss_sum
-            self.correct = self.correct + correct
-        self.count += batch
+        if self.sums is None:
+            self.sums = xp.zeros(2, dtype=np.float64)
+        loss_sum, correct = self.sums[:1], self.sums[1:]
+        xp.add(loss_sum, loss.astype(np.float64) * len(target), out=loss_sum)
+        xp.add(correct, xp.count_nonzero(logits.argmax(axis=1) == target), out=correct)
 
     def read(self):
         """(mean loss, accuracy) as Python floats: one device-to-host transfer."""
         if not self.count:
             return math.nan, math.nan
-        loss_sum, correct = _to_host(self.loss_sum, self.correct)
+        loss_sum, correct = _to_host(self.sums[0], self.sums[1])
         return loss_sum / self.count, correct / self.count
 
 
@@ -313,7 +332,7 @@ def _check_not_empty(loader, who, name):
 # ---------------------------------------------------------------------- fit
 def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=None, clip=None,
         device=None, callbacks=(), progress=None, limit_batches=None, loss_fn=F.cross_entropy,
-        start_epoch=0, history=None, sync_every=SYNC_EVERY, val_name="val", unit="img") -> History:
+        start_epoch=0, history=None, sync_every=SYNC_EVERY, val_name="val", unit="img", graph=True) -> History:
     """Train ``model`` until ``epochs`` epochs are done in total; return the ``History``.
 
     - ``epochs`` counts from the start of the run: with ``start_epoch=k`` (k epochs already done,
@@ -335,6 +354,8 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
     - ``val_name``: the word the progress output uses for ``val_loader``'s split ("test" when
       it is the dataset's test set); ``unit``: its word for one training example ("img" gives
       "img/s"; "samples" for text).
+    - ``graph``: on CUDA, capture the step into a CUDA graph and replay it for every batch of
+      the captured shapes (see the module docstring); False runs every step eagerly.
 
     Counts (``epochs``, ``limit_batches``, ``sync_every``) are whole numbers: a float or a
     boolean is a TypeError. A loader that gives no batches is a ValueError (before training when
@@ -364,11 +385,14 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
     show = _progress_enabled(progress)
     steps = history.steps[-1] if history.steps else 0
     per_epoch = _num_batches(train_loader, limit_batches)
+    running = _Running()
+    step = _training_step(model, optimizer, loss_fn, clip, running, graph and device == "cuda")
 
     with _bar(show, desc="epochs", total=epochs, initial=start_epoch, unit="epoch") as epoch_bar:
         for epoch in range(start_epoch, epochs):
             model.train()
-            running = _Running()
+            running.reset()
+            counts = dict(step.counts) if isinstance(step, CapturedStep) else {}
             lr = optimizer.lr
             started = time.perf_counter()
             warmup = warmup_images = None
@@ -376,17 +400,11 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                       unit="batch") as bar:
                 for i, (x, y) in enumerate(_batches(train_loader, limit_batches, device), start=1):
                     lr = optimizer.lr
-                    logits = model(x)
-                    loss = loss_fn(logits, y)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    if clip:
-                        clip_grad_norm(model.parameters(), clip, sync=False)
-                    optimizer.step()
+                    step(x, y)                            # forward, loss, backward, clip, update, sums
                     if scheduler is not None:
                         scheduler.step()
                     steps += 1
-                    running.add(loss.data, logits.data, y.data)
+                    running.count += len(y)
                     if i == 1 and epoch == start_epoch:   # compilation and warm-up: timed apart
                         warmup, warmup_images = time.perf_counter() - started, running.count
                     if i % sync_every == 0:
@@ -416,7 +434,7 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
                 epoch=epoch + 1, train_loss=train_loss, train_acc=train_acc, val_loss=val_loss,
                 val_acc=val_acc, lr=lr, epoch_time=time.perf_counter() - started,
                 images_per_sec=timed_images / train_time if train_time > 0 else math.nan, steps=steps,
-                warmup_time=warmup,
+                warmup_time=warmup, graph=_graph_summary(step, counts, device),
             )
             if show:
                 epoch_bar.write(format_epoch(history, epochs, val_name, unit))
@@ -425,6 +443,39 @@ def fit(model, optimizer, train_loader, val_loader=None, epochs=1, scheduler=Non
             for callback in callbacks:
                 callback(epoch + 1, history)
     return history
+
+
+def _training_step(model, optimizer, loss_fn, clip, running, graph):
+    """fit's step on a batch ``(x, y)``: forward, loss, backward, clipping, the optimizer and the
+    metrics' device sums; captured into a CUDA graph and replayed where ``graph`` (on CUDA) and
+    the step allows (``CapturedStep``: the parameters are what it writes, the optimizer's flat
+    buffers what else it reads)."""
+    def step(x, y):
+        logits = model(x)
+        loss = loss_fn(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+        if clip:
+            clip_grad_norm(model.parameters(), clip, sync=False)
+        optimizer.step()
+        running.accumulate(loss.data, logits.data, y.data)
+
+    if not graph:
+        return step
+    return CapturedStep(step, model.parameters(), lambda: tuple(optimizer.flat_state or ()))
+
+
+def _graph_summary(step, before, device):
+    """How this epoch's steps ran: "N of M steps replayed from a CUDA graph (eager: reasons)"."""
+    if device != "cuda":
+        return None
+    if not isinstance(step, CapturedStep):
+        return "every step eager (graph=False)"
+    counts = {k: n - before.get(k, 0) for k, n in step.counts.items() if n > before.get(k, 0)}
+    replayed = counts.pop("replayed", 0)
+    eager = ", ".join(f"{n} {why}" for why, n in counts.items())
+    return (f"{replayed} of {replayed + sum(counts.values())} steps replayed from a CUDA graph"
+            + (f" (eager: {eager})" if eager else ""))
 
 
 def _show_running(bar, running, lr, epoch, batch):

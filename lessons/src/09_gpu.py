@@ -19,17 +19,23 @@
 # instead of failing, and it still shows the CPU side of every comparison.
 #
 # **Objectives.** Run a model on a GPU by moving where its arrays live; read `doctor`'s
-# report; time the same training step on both devices and explain the difference.
+# report; time the same training step on both devices and explain the difference; explain why
+# a small GPU step waits for Python, and what capturing it into a CUDA graph changes.
 #
 # **Prerequisites:** lesson 6 or 7 (a model and its training loop). No exercises: this lesson
 # is a demonstration that adapts to the machine it runs on.
 #
 # **In tinymlp:** `tinymlp/backend.py` (device names, `array_module`, `to_device`,
 # `cuda_available`, `CudaUnavailableError`), `Tensor.to` in `tinymlp/tensor.py`, `Module.to` in
-# `tinymlp/nn/module.py`, and `tinymlp/train.py` (why the loop reads its metrics only every
-# `sync_every` batches).
+# `tinymlp/nn/module.py`, `tinymlp/train.py` (why the loop reads its metrics only every
+# `sync_every` batches), and `tinymlp/fast/capture.py` (the step captured into a CUDA graph),
+# with `tinymlp/fast/scalars.py` (what must change between replays) and `tinymlp/fast/cublas.py`
+# (matrix products a graph can hold).
 
 # %%
+import os
+import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -222,6 +228,129 @@ if GPU:
     print(f"one epoch on the GPU: loss {history.train_loss[-1]:.3f}, "
           f"{history.images_per_sec[-1]:.0f} images/s after the first step, which took "
           f"{history.warmup_time[-1]:.1f} s (CuPy compiling its kernels)")
+    print("how its steps ran:", history.graph[-1])      # section 6 explains this line
 else:
     print("no GPU: skipped the one-epoch run on 'cuda' (lesson 11 trains on the CPU)")
+
+# %% [markdown]
+# ## 6. Why a small step waits for Python, and what a graph changes
+#
+# Every op you write in Python becomes, on a GPU, a *launch*: the host (the CPU running your
+# Python) asks the driver to start a kernel. A launch costs the host roughly 10 to 30
+# microseconds of Python, CuPy and driver code, whatever the size of the arrays. The kernel
+# itself, at batch 128, often runs in less. So for a small step the GPU finishes each kernel
+# and then *waits* for the host to issue the next one: the step takes as long as the Python
+# that issues it, and a faster GPU changes nothing.
+#
+# How many launches is a step? We can count them without a GPU: tinymlp's test suite has a
+# stand-in for CuPy (`tests/cupy_standin.py`: NumPy underneath, CuPy's rules on top) that counts
+# every operation that would reach the device. `benchmarks/gpu_launches.py` runs one Mixer
+# training step on it:
+
+# %%
+ROOT = pathlib.Path(tinymlp.__file__).resolve().parents[1]
+counter = ROOT / "benchmarks" / "gpu_launches.py"
+counts = None
+if counter.is_file():
+    done = subprocess.run([sys.executable, str(counter), "--graph", "--models", "mixer_cifar", "--batch-size", "4"],
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    print(done.stdout or done.stderr)
+    eager = re.search(r"tinymlp\s+(\d+) device operations a step", done.stdout)
+    replay = re.search(r"host operations per replayed step: (\d+)", done.stdout)
+    if eager and replay:
+        counts = {"eager step": int(eager.group(1)), "replayed graph": int(replay.group(1))}
+else:
+    print("benchmarks/gpu_launches.py is not here (tinymlp installed without its repository): "
+          "clone the repository to count the launches")
+print(counts)
+
+# %% [markdown]
+# Some 370 launches for one step of an 8-block Mixer: at ~15 microseconds each, about 5 ms of
+# host time per step, whatever the GPU. PyTorch's eager mode issues about as many (its step has
+# ~300 ATen operators) and waits the same way; its answer, like tinymlp's, is a **CUDA graph**.
+#
+# A CUDA graph is a recording of kernels. The step's Python runs once while the stream is being
+# *captured*: every kernel it launches is recorded, with its arguments and the memory addresses
+# it reads and writes, and nothing is computed. After that, one call (`graph.launch()`) replays
+# the whole step on the GPU: the host issues 4 operations instead of 370. That works only if
+# every replay may reuse exactly what was recorded, which is why `tinymlp/fast/capture.py`
+# insists on:
+#
+# - **fixed shapes and fixed memory**: the batch is copied into input buffers of the graph's own
+#   before each replay, and everything the step allocates comes from a memory pool kept for the
+#   graph (the last, smaller batch of an epoch runs eagerly: another shape);
+# - **nothing that needs the host during the step**: no `loss.item()`, no upload, no CuPy matrix
+#   product (CuPy refuses cuBLAS during capture; `tinymlp/fast/cublas.py` calls cuBLAS itself);
+# - **the numbers that change every step on the device**: the learning rate of a schedule,
+#   Adam's bias corrections and the dropout seeds are read from a small device buffer that the
+#   host fills before each replay (`tinymlp/fast/scalars.py`). Frozen into the graph as kernel
+#   arguments, every replay would repeat the first step's learning rate. Because the same values
+#   reach the same kernels, a replayed step equals the eager step bit for bit.
+#
+# `fit` does all this for you on CUDA (two eager warm-up steps, then the capture; `graph=False`
+# or the example scripts' `--no-graph` turn it off), and the epoch line says how many steps
+# were replayed. Here are the two counts side by side, and, with a GPU, the two timings:
+
+# %%
+def step_times(batch, steps=20):
+    """(eager, graph) seconds per Mixer training step on the GPU at ``batch``."""
+    from tinymlp.fast.capture import CapturedStep
+
+    model = create("mixer_cifar", seed=0).to("cuda")
+    optimizer = AdamW(model.parameters(), lr=1e-3)
+    x = tinymlp.tensor(rng.standard_normal((batch, 3, 32, 32)), device="cuda")
+    y = tinymlp.tensor(rng.integers(0, 10, size=batch), device="cuda")
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    graphed = CapturedStep(step, model.parameters(), lambda: tuple(optimizer.flat_state or ()))
+    times = []
+    for run in (step, graphed):
+        for _ in range(3):                               # warm-up (and, for the graph, the capture)
+            run(x, y).item()
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = run(x, y)
+        loss.item()                                      # wait for the GPU
+        times.append((time.perf_counter() - start) / steps)
+    return times
+
+
+fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+if counts:
+    axes[0].bar(list(counts), list(counts.values()), color=["C0", "C2"])
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("operations the host issues")
+    axes[0].set_title("one mixer_cifar training step", fontsize=10)
+if GPU:
+    batches = [16, 128, 512]
+    measured = [step_times(b) for b in batches]
+    for b, (eager_s, graph_s) in zip(batches, measured):
+        print(f"batch {b:3d}: eager {1000 * eager_s:6.2f} ms, graph {1000 * graph_s:6.2f} ms per step "
+              f"({eager_s / graph_s:.1f}x)")
+    axes[1].plot(batches, [1000 * e for e, _ in measured], "o-", label="eager")
+    axes[1].plot(batches, [1000 * g for _, g in measured], "o-", label="CUDA graph")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("batch size")
+    axes[1].set_ylabel("ms per step")
+    axes[1].legend()
+else:
+    axes[1].text(0.5, 0.5, "no GPU here: with one, this plots\nms per step, eager against the graph,\n"
+                 "for batches 16, 128 and 512", transform=axes[1].transAxes, ha="center", va="center", color="grey")
+    axes[1].set_axis_off()
+plt.show()
+
+# %% [markdown]
+# What to expect on a GPU: at batch 16 the eager step is almost all Python and the graph is
+# several times faster; at batch 128 the graph removes the host's share and leaves the GPU's
+# own work; at batch 512 the GPU is busy anyway and the two come close. The graph changes who
+# waits for whom, not the arithmetic: the same kernels run, on the same numbers.
+
+# %%
 print(f"lesson 9 ran in {time.perf_counter() - lesson_start:.0f} s")

@@ -33,6 +33,11 @@ beside the table for every device. Switching::
 The switch is read when an op is *applied*: a graph built with the fast tier on runs the fast
 backward passes even if the tier is switched off before ``backward()``.
 
+On CUDA the whole training step can be captured into a CUDA graph and replayed (``capture.py``,
+which ``fit`` uses): the CUDA ops' products go through cuBLAS calls a graph can hold
+(``cublas.py``), and the values the host computes each step reach the kernels through device
+memory (``scalars.py``).
+
 Memory layout. The fast ops keep the memory order of their input: an output (and a gradient)
 is laid out like the array it was computed from. The fast patch embedding lays the tokens of a
 batch out token-major, (S, B, C) in memory behind a (B, S, C) array, so that every
@@ -63,7 +68,7 @@ from .dropout import CudaDropout
 from .elementwise import CompiledAdd
 from .engine import ENGINE
 from .gating import CompiledSpatialGating, CudaSpatialGating, FastSpatialGating
-from .linear import FastLinear
+from .linear import CudaLinear, FastLinear
 from .loss import CudaCrossEntropy
 from .norm import CompiledLayerNorm, CudaLayerNorm, FastLayerNorm
 from .optim import CompiledFlatStep, CudaFlatStep, FlatStep, clip_grad_norm
@@ -75,7 +80,7 @@ __all__ = ["TABLE", "disabled", "enabled", "implementation", "implementations", 
 
 TABLE = [
     # reference                 NumPy (CPU)          numba (CPU)             CUDA
-    (Linear,                    FastLinear,          None,                   FastLinear),
+    (Linear,                    FastLinear,          None,                   CudaLinear),
     (Patchify,                  FastPatchify,        None,                   FastPatchify),
     (GetItem,                   FastGetItem,         None,                   FastGetItem),
     (GELU,                      FastGELU,            CompiledGELU,           CudaGELU),

@@ -13,7 +13,8 @@ rows (``softmax_rows``: scale, mask, subtract the maximum, exp, normalise) and i
 dL/dS = P * (dL/dP - rowsum(dL/dP * P)) (``softmax_rows_backward``). ``CompiledAttention`` (CPU,
 numba installed) runs both as one compiled pass per row, with a float32 exp that vectorises
 (``kernels/attention_numba.py``); ``CudaAttention`` runs each (the forward where there is no
-mask) as one kernel per row (``kernels/attention_cuda.py``).
+mask) as one kernel per row (``kernels/attention_cuda.py``), and its products through cuBLAS
+calls a CUDA graph can capture (``product``: ``cublas.product``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from ..autograd import unbroadcast
 from ..backend import array_module
 from ..ops.attention import Attention, SelfAttention, Softmax, check_packed, check_shapes
-from . import compiled, cuda
+from . import compiled, cublas, cuda
 from .kernels import attention_cuda, attention_numba
 from .layout import inverse, memory_order
 
@@ -101,7 +102,10 @@ class CompiledSoftmax(FastSoftmax):
 
 
 class FastAttention(Attention):
-    """``Attention`` with in-place steps (see the module docstring)."""
+    """``Attention`` with in-place steps (see the module docstring); its products through
+    ``product`` (NumPy's ``matmul``)."""
+
+    product = staticmethod(np.matmul)
 
     @staticmethod
     def softmax_rows(s, scale, allowed):
@@ -128,7 +132,7 @@ class FastAttention(Attention):
         xp = array_module(q)
         check_shapes(q, k, v, mask)
         n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
-        s = q @ k.swapaxes(-1, -2)
+        s = cls.product(q, k.swapaxes(-1, -2))
         allowed = mask
         if causal:
             lower = xp.tri(n, m, dtype=bool)
@@ -142,14 +146,14 @@ class FastAttention(Attention):
         ctx.save_for_backward(q, k, v, p)
         ctx.empty_rows = empty_rows
         if xp is not np:
-            return p @ v
+            return cls.product(p, v)
         shape = np.broadcast_shapes(p.shape[:-2], v.shape[:-2]) + (n, v.shape[-1])   # v may add batch axes
         return np.matmul(p, v, out=_laid_out_like(q, shape, p.dtype))
 
     @classmethod
     def backward(cls, ctx, grad):
         return _attention_backward(ctx, grad, *ctx.needs_input_grad[:3],
-                                   softmax_rows_backward=cls.softmax_rows_backward)
+                                   softmax_rows_backward=cls.softmax_rows_backward, product=cls.product)
 
 
 def _laid_out_like(q, shape, dtype):
@@ -161,25 +165,25 @@ def _laid_out_like(q, shape, dtype):
     return np.empty(tuple(shape[i] for i in order), dtype=dtype).transpose(inverse(order))
 
 
-def _attention_backward(ctx, grad, need_q, need_k, need_v, softmax_rows_backward, out=None):
+def _attention_backward(ctx, grad, need_q, need_k, need_v, softmax_rows_backward, product, out=None):
     """(dq, dk, dv); with ``out`` (three arrays of q's, k's and v's shapes) the products are
     written there (the packed op's thirds of one gradient)."""
     q, k, v, p = ctx.saved_tensors
     xp = array_module(grad)
     scale = 1.0 / math.sqrt(q.shape[-1])
 
-    def product(a, b, shape, i):
-        return xp.matmul(a, b, out=out[i]) if out is not None else unbroadcast(a @ b, shape)
+    def into(a, b, shape, i):
+        return product(a, b, out=out[i]) if out is not None else unbroadcast(product(a, b), shape)
 
-    dv = product(p.swapaxes(-1, -2), grad, v.shape, 2) if need_v else None
+    dv = into(p.swapaxes(-1, -2), grad, v.shape, 2) if need_v else None
     dq = dk = None
     if need_q or need_k:
-        ds = grad @ v.swapaxes(-1, -2)                  # dL/dP
+        ds = product(grad, v.swapaxes(-1, -2))          # dL/dP
         ds = softmax_rows_backward(p, ds, scale)        # dL/dS, times the scale of S
         if ctx.empty_rows is not None:
             ds = xp.where(ctx.empty_rows, 0, ds)
-        dq = product(ds, k, q.shape, 0) if need_q else None
-        dk = product(ds.swapaxes(-1, -2), q, k.shape, 1) if need_k else None
+        dq = into(ds, k, q.shape, 0) if need_q else None
+        dk = into(ds.swapaxes(-1, -2), q, k.shape, 1) if need_k else None
     return dq, dk, dv
 
 
@@ -205,7 +209,9 @@ class CompiledAttention(FastAttention):
 
 class CudaAttention(FastAttention):
     """``Attention`` on CUDA: the softmax (with its scale, without a mask) and its backward one
-    kernel per row."""
+    kernel per row, the products through cuBLAS calls a graph can capture."""
+
+    product = staticmethod(cublas.product)
 
     @staticmethod
     def softmax_rows(s, scale, allowed):
@@ -241,7 +247,7 @@ class FastSelfAttention(SelfAttention):
         d = shape[-1] // 3
         out = array_module(grad).empty(tuple(shape[i] for i in order), dtype=grad.dtype).transpose(inverse(order))
         _attention_backward(ctx, grad, True, True, True, softmax_rows_backward=cls.attention.softmax_rows_backward,
-                            out=(out[..., :d], out[..., d:2 * d], out[..., 2 * d:]))
+                            product=cls.attention.product, out=(out[..., :d], out[..., d:2 * d], out[..., 2 * d:]))
         return out
 
 

@@ -22,8 +22,8 @@ array code on CuPy); ``CompiledSpatialGating`` (CPU, numba installed) and ``Cuda
 (CUDA) replace three of its steps with kernels where the arrays suit them: the LayerNorm of z2
 (``norm``: the LayerNorm class of the same back end), the split variant's F and z1 * F forward
 and G * F, G * z1 backward (``split_gate``, ``split_gate_backward``: one fused pass each), and,
-compiled, the rebuilt N (``affine``). Kernels: ``kernels/gating_numba.py``,
-``kernels/gating_cuda.py``.
+compiled, the rebuilt N (``affine``); on CUDA the products go through cuBLAS calls a CUDA graph
+can capture (``product``). Kernels: ``kernels/gating_numba.py``, ``kernels/gating_cuda.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backend import array_module
 from ..ops.gating import SpatialGating
-from . import compiled, cuda
+from . import compiled, cublas, cuda
 from .engine import last_backward, take_saved
 from .kernels import gating_cuda, gating_numba
 from .layout import empty_token_major, token_major_view
@@ -45,6 +45,7 @@ class FastSpatialGating(SpatialGating):
     """``SpatialGating`` on token-major arrays (see the module docstring)."""
 
     norm = FastLayerNorm        # the LayerNorm of z2: its ``normalize`` and ``layer_norm_backward``
+    product = staticmethod(np.matmul)
 
     @staticmethod
     def split_gate(f, gamma, shift, residual, z1, out):
@@ -77,7 +78,7 @@ class FastSpatialGating(SpatialGating):
         w_eff = xp.tril(weight) if causal else weight
 
         xhat, rstd = cls.norm.normalize(ut, eps)                    # (S, B, e)
-        f = (w_eff @ xhat.reshape(S, -1)).reshape(S, B, e)          # W x_hat: one product
+        f = cls.product(w_eff, xhat.reshape(S, -1)).reshape(S, B, e)   # W x_hat: one product
         shift = row_sum(w_eff)[:, None] * beta + bias[:, None]      # (S, e), shared by the batch
         residual = token_major_view(gate_residual) if gate_residual is not None else None
         out = empty_token_major((B, S, e), token_major, xp, z.dtype)
@@ -137,7 +138,7 @@ class FastSpatialGating(SpatialGating):
             if work is None:
                 work = xhat * gamma
                 work += beta                                        # N, rebuilt
-            dw = gf2 @ work.reshape(S, -1).T                        # G_F N^T
+            dw = cls.product(gf2, work.reshape(S, -1).T)            # G_F N^T
             if ctx.causal:
                 dw = xp.tril(dw)
         if need_b:
@@ -148,7 +149,7 @@ class FastSpatialGating(SpatialGating):
         if need_z or need_gamma or need_beta:
             if work is None:
                 work = xp.empty_like(xhat)
-            gn = xp.matmul(w_eff.T, gf2, out=work.reshape(S, -1)).reshape(xhat.shape)   # W^T G_F
+            gn = cls.product(w_eff.T, gf2, out=work.reshape(S, -1)).reshape(xhat.shape)   # W^T G_F
             du = (dzt[..., e:] if variant == "split" else dzt) if need_z else None
             du, dgamma, dbeta = cls.norm.layer_norm_backward(
                 gn, xhat, rstd, gamma, out=du, need_dx=need_z, need_dweight=need_gamma, need_dbias=need_beta,
@@ -249,6 +250,7 @@ class CudaSpatialGating(FastSpatialGating):
     """``SpatialGating`` on CUDA: the LayerNorm one kernel per row, the split gate one pass each way."""
 
     norm = CudaLayerNorm
+    product = staticmethod(cublas.product)
 
     @staticmethod
     def split_gate(f, gamma, shift, residual, z1, out):

@@ -19,6 +19,9 @@ On the last backward, X is released before dX is allocated, which lowers the ste
 Where the compiled kernels take the arrays, the bias is left pending (``ctx.pending_bias``):
 the GELU after the product adds it in its own pass, and any other reader of the output gets
 it added first (``Tensor._data``).
+
+Every product goes through ``product`` (NumPy's ``matmul``); ``CudaLinear`` replaces it with
+``cublas.product``, the products a CUDA graph can capture (``fast/cublas.py``).
 """
 
 from __future__ import annotations
@@ -29,18 +32,20 @@ import numpy as np
 
 from ..backend import array_module, device_constant
 from ..ops.linear import Linear, check_shapes
-from . import compiled
+from . import compiled, cublas
 from .engine import take_saved, takes_pending_bias
 from .layout import as_matrix, inverse, same_layout
 
-__all__ = ["FastLinear"]
+__all__ = ["CudaLinear", "FastLinear"]
 
 
 class FastLinear(Linear):
     """``Linear`` on x in its own memory order (see the module docstring)."""
 
-    @staticmethod
-    def forward(ctx, x, weight, bias=None):
+    product = staticmethod(np.matmul)
+
+    @classmethod
+    def forward(cls, ctx, x, weight, bias=None):
         check_shapes(x, weight, bias)
         X, order, kind = as_matrix(x)
         d_out = weight.shape[1]
@@ -49,12 +54,12 @@ class FastLinear(Linear):
         if defer:                       # added by the next op in its own pass, or on first read
             ctx.pending_bias = bias.copy()      # as it is now (an optimizer step may come first)
         if kind == "rows":
-            Y = X @ weight                                   # (N, D_out)
+            Y = cls.product(X, weight)                       # (N, D_out)
             if bias is not None and not defer:
                 Y += bias
             y = Y.reshape(lead + (d_out,))
         else:
-            Y = weight.T @ X                                 # (D_out, N)
+            Y = cls.product(weight.T, X)                     # (D_out, N)
             if bias is not None and not defer:
                 Y += bias[:, None]
             y = Y.reshape((d_out,) + lead)
@@ -62,8 +67,8 @@ class FastLinear(Linear):
         ctx.order, ctx.kind, ctx.has_bias = order, kind, bias is not None
         return y.transpose(inverse(order))                   # y laid out in x's memory order
 
-    @staticmethod
-    def backward(ctx, grad):
+    @classmethod
+    def backward(cls, ctx, grad):
         X, weight = take_saved(ctx)
         need_x, need_w, need_b = ctx.needs_input_grad
         xp = array_module(grad)
@@ -71,21 +76,27 @@ class FastLinear(Linear):
         Gt = same_layout(grad, ctx.order)       # G in the output's memory order
         if ctx.kind == "rows":
             G = Gt.reshape(-1, d_out)                                 # (N, D_out)
-            dw = X.T @ G if need_w else None
+            dw = cls.product(X.T, G) if need_w else None
             del X
-            dX = G @ weight.T if need_x else None
-            db = _ones(xp, G.shape[0], G.dtype) @ G if (need_b and ctx.has_bias) else None
+            dX = cls.product(G, weight.T) if need_x else None
+            db = cls.product(_ones(xp, G.shape[0], G.dtype), G) if (need_b and ctx.has_bias) else None
         else:
             G = Gt.reshape(d_out, -1)                                 # (D_out, N)
-            dw = X @ G.T if need_w else None
+            dw = cls.product(X, G.T) if need_w else None
             del X
-            dX = weight @ G if need_x else None
-            db = G @ _ones(xp, G.shape[1], G.dtype) if (need_b and ctx.has_bias) else None
+            dX = cls.product(weight, G) if need_x else None
+            db = cls.product(G, _ones(xp, G.shape[1], G.dtype)) if (need_b and ctx.has_bias) else None
         dx = None
         if dX is not None:
             shape_t = tuple(ctx.input_shapes[0][i] for i in ctx.order)
             dx = dX.reshape(shape_t).transpose(inverse(ctx.order))
         return dx, dw, db
+
+
+class CudaLinear(FastLinear):
+    """``FastLinear`` on CUDA: its products through cuBLAS calls a CUDA graph can capture."""
+
+    product = staticmethod(cublas.product)
 
 
 def _ones(xp, n, dtype):

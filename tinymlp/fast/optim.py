@@ -1,23 +1,22 @@
 """The optimizers' updates over flat buffers: a few passes over all parameters at once.
 
 The reference optimizers (tinymlp/optim.py) update one parameter at a time, each line of the
-paper one array expression: about ten temporaries per parameter and a Python loop over ~100
-parameters. Here each group's state (Adam's two moments, SGD's momentum) lives in ONE flat
-contiguous array per name, the gradients are gathered into another flat array with one
-``concatenate``, the update is a handful of in-place ufuncs (``out=``, no temporaries) over all
-parameters at once (on the CPU in cache-sized pieces), and each parameter then takes its slice
-of the result with one in-place subtraction. Nothing is allocated after the first step.
+paper one array expression: ~10 temporaries per parameter, a Python loop over ~100 of them. Here
+each group's state (Adam's moments, SGD's momentum) lives in ONE flat array per name, the
+gradients are gathered into another with one ``concatenate``, the update is a few in-place
+ufuncs over all parameters at once (on the CPU in cache-sized pieces), and each parameter takes
+its slice with one in-place subtraction. Nothing is allocated after the first step.
 
-The per-parameter state arrays of the optimizer become *views* of the flat buffers when they
-are first built, so the reference ``update`` and ``state_dict`` read and write the same numbers
-(switching tiers mid-training is exact). Hyperparameters enter as Python floats, which NumPy
-treats as "weak" scalars: float32 stays float32.
+The per-parameter state arrays become *views* of the flat buffers, so the reference ``update``
+and ``state_dict`` read and write the same numbers (switching tiers mid-training is exact).
+Hyperparameters enter as Python floats, which NumPy treats as "weak": float32 stays float32.
 
 ``optimizer.step()`` and ``optim.clip_grad_norm`` (on CUDA) find ``FlatStep.step`` (or a
-subclass's) and ``clip_grad_norm`` below in the dispatch table. One step per back end:
-``FlatStep`` (the array code above, NumPy or CuPy), ``CompiledFlatStep`` (numba: a whole Adam(W)
-step in one compiled pass per 16 parameters, ``kernels/optim_numba.py``) and ``CudaFlatStep``
-(a whole Adam(W) step in one kernel, ``kernels/optim_cuda.py``, its scalars on the device).
+subclass's) and ``clip_grad_norm`` below in the dispatch table. ``FlatStep``: the array code
+above (NumPy or CuPy); ``CompiledFlatStep``: a whole Adam(W) step compiled (numba,
+``kernels/optim_numba.py``); ``CudaFlatStep``: a whole Adam(W) step in one kernel
+(``kernels/optim_cuda.py``), its scalars on the device, the one step a CUDA graph can capture
+(the others refuse capture, which would freeze their learning rate).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ from .kernels import optim_cuda, optim_numba
 __all__ = ["CAPTURED", "CompiledFlatStep", "CudaFlatStep", "FlatGroup", "FlatStep", "clip_grad_norm"]
 
 CHUNK = 1 << 16
-"""On the CPU the update walks the flat buffers in pieces of this many values (256 KiB of
-float32 per buffer), so that its ten or so passes run in the cache instead of main memory."""
+"""Values per piece of the CPU update (256 KiB of float32): its passes then run in the cache."""
 
 
 class FlatGroup:
@@ -80,11 +78,9 @@ class FlatGroup:
 
 
 class FlatStep:
-    """``optimizer.step()`` over flat buffers: the array code (NumPy or CuPy).
-
-    Subclasses replace three steps with kernels, each returning None or False where it does not
-    take the arrays: ``direction`` (a group's update direction over whole buffers), ``apply_update``
-    (p <- p * decay - u) and ``whole_step`` (a whole Adam(W) step)."""
+    """``optimizer.step()`` over flat buffers: the array code (NumPy or CuPy). Subclasses replace
+    steps with kernels (None or False where they do not take the arrays): ``direction`` (over
+    whole buffers), ``apply_update`` (p <- p * decay - u), ``whole_step`` (a whole Adam(W) step)."""
 
     @staticmethod
     def direction(kind, flat_state):
@@ -108,6 +104,10 @@ class FlatStep:
         """out <- the gradients, flattened one after the other."""
         array_module(out).concatenate([g.reshape(-1) for g in grads], out=out)
 
+    @staticmethod
+    def refuse_capture(what):     # a RuntimeError where a CUDA graph is being captured
+        pass
+
     @classmethod
     def step(cls, optimizer):
         """``optimizer.step()`` over flat buffers (the fast tier's version of it)."""
@@ -121,6 +121,7 @@ class FlatStep:
             if not live:
                 continue
             if not FlatGroup.uniform(params):   # mixed dtypes or devices: the reference, one by one
+                cls.refuse_capture("parameters of mixed dtypes or devices")
                 for i in live:
                     state = optimizer.param_state(gi, i)
                     state["step"] += 1
@@ -168,6 +169,7 @@ class FlatStep:
                         states[i]["step"] += 1
                 continue
 
+            cls.refuse_capture(f"{type(optimizer).__name__}'s step" + ("" if whole else " over some parameters"))
             run = one_pass if one_pass is not None else DIRECTIONS[optimizer.fast_kind]
             for where, t in pieces:
                 bufs = {name: buf[where] for name, buf in fs.bufs.items()}
@@ -221,26 +223,30 @@ class CudaFlatStep(FlatStep):
         optim_cuda.gather(grads, out)
 
     @staticmethod
+    def refuse_capture(what):
+        if cuda.capturing():
+            raise RuntimeError(f"optimizer.step() cannot be captured into a CUDA graph: {what} takes its lr and "
+                               "step count on the host (replays would repeat the first); Adam(W)'s whole step can")
+
+    @staticmethod
     def whole_step(optimizer, group, fs, params, t, decay):
         if not optim_cuda.multi_tensor_ok([fs.grad] + [p.data for p in params]):
             return False
         if getattr(fs, "scalars", None) is None:
             fs.scalars = scalars.StepScalars(array_module(fs.grad), fs.dtype, len(optim_cuda.ADAM_SCALARS))
-        captured = cuda.capturing()
-        if captured:
+        if captured := cuda.capturing():
             gi = optimizer.param_groups.index(group)
-            scalars.current().record(lambda: scalars.advance_adam(optimizer, gi, fs))
+            scalars.current().record(lambda: optim_cuda.advance_adam(optimizer, gi, fs.scalars))
         else:
-            fs.scalars.upload(scalars.adam_values(group, t, decay))
+            fs.scalars.upload(optim_cuda.adam_values(group, t, decay))
         optim_cuda.adam_step([p.data for p in params], fs.grad, fs.bufs["exp_avg"], fs.bufs["exp_avg_sq"],
                              fs.scalars.device)
         return CAPTURED if captured else True
 
 
 def clip_grad_norm(grads, max_norm, sync):
-    """``optim.clip_grad_norm`` on a GPU in three launches whatever the number of gradients:
-    the joint norm and the clipping factor on the device, then every gradient scaled by it.
-    None where the kernels do not apply (CPU arrays, mixed dtypes): the caller's code runs."""
+    """``optim.clip_grad_norm`` on a GPU in three launches (the joint norm and factor on the device,
+    then every gradient scaled), or None where the kernels do not apply: the caller's code runs."""
     if array_module(grads[0]) is np or not optim_cuda.multi_tensor_ok(grads):
         return None
     total, scale = optim_cuda.clip_by_norm(grads, max_norm)
@@ -258,8 +264,7 @@ def sgd_direction(group, g, bufs, out, t):
     xp = array_module(g)
     lr, mu = float(group["lr"]), float(group["momentum"])
     if not mu:
-        xp.multiply(g, lr, out=out)
-        return
+        return xp.multiply(g, lr, out=out)
     b = bufs["momentum_buffer"]
     b *= mu
     b += g  # a zero buffer makes the first step b = g, as PyTorch's
@@ -272,11 +277,9 @@ def sgd_direction(group, g, bufs, out, t):
 
 
 def adam_direction(group, g, bufs, out, t):
-    """out <- lr m_hat / (sqrt(v_hat) + eps), updating m and v in place (see ``optim.Adam``).
-
-    Computed in the paper's cheaper order (its section 2): with c1 = 1 - b1^t and
-    c2 = 1 - b2^t it equals (lr sqrt(c2) / c1) * m / (sqrt(v) + eps sqrt(c2)).
-    """
+    """out <- lr m_hat / (sqrt(v_hat) + eps), updating m and v in place (see ``optim.Adam``), in the
+    paper's cheaper order (its section 2): with c1 = 1 - b1^t, c2 = 1 - b2^t, that is
+    (lr sqrt(c2) / c1) * m / (sqrt(v) + eps sqrt(c2))."""
     xp = array_module(g)
     b1, b2 = (float(b) for b in group["betas"])
     m, v = bufs["exp_avg"], bufs["exp_avg_sq"]

@@ -23,18 +23,22 @@ step bit for bit, and after N replays the host state is that of N eager steps: a
 then resumes exactly. Dropout seeds are the one exception to "upload in eager": the eager kernel
 takes its seed by value (nothing to upload), the captured one reads it from a slot of
 ``Recording.seed``: the same seed and the same hash, so the same mask.
+
+A graph reads memory by address, so the recording also holds what it reads that a cache could
+let go of (``hold``: a pointer table, a ones vector), and uploads, once before the first launch,
+what a step made during capture that must be filled from the host (``at_first_launch``: a
+pointer table of addresses first seen during capture).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 
 import numpy as np
 
-from .kernels import optim_cuda
+from . import cuda
 
-__all__ = ["Recording", "StepScalars", "adam_values", "advance_adam", "current", "recording"]
+__all__ = ["Recording", "StepScalars", "current", "hold", "recording"]
 
 
 class StepScalars:
@@ -57,10 +61,19 @@ class Recording:
 
     def __init__(self):
         self.host_halves, self.generators, self.seeds = [], [], None
+        self.first, self.held, self.launched = [], [], False
 
     def record(self, host_half):
         """Run ``host_half()`` before each replay (it advances host state and uploads values)."""
         self.host_halves.append(host_half)
+
+    def at_first_launch(self, upload):
+        """Run ``upload()`` once, before the first replay (it fills memory the graph only reads)."""
+        self.first.append(upload)
+
+    def hold(self, *arrays):
+        """Keep ``arrays`` alive as long as the graph: it reads them by address."""
+        self.held.extend(arrays)
 
     def seed(self, xp, generator):
         """A device slot for one dropout seed (a 0-d uint64 array view), drawn from ``generator``
@@ -80,7 +93,12 @@ class Recording:
         self.seeds.device.set(self.seeds.host)
 
     def prepare(self):
-        """Run every host half, in order: this replay's values on the device."""
+        """Run every host half, in order: this replay's values on the device (and, before the
+        first replay, the uploads of ``at_first_launch``)."""
+        if not self.launched:
+            for upload in self.first:
+                upload()
+            self.launched = True
         for host_half in self.host_halves:
             host_half()
 
@@ -107,22 +125,8 @@ def current() -> Recording:
     return _RECORDINGS[-1]
 
 
-# --------------------------------------------------------------------------- the optimizer's
-def adam_values(group, t, decay):
-    """Adam(W)'s scalars at step ``t`` (``optim_cuda.ADAM_SCALARS``), computed as the flat array
-    code computes them (``fast/optim.py``, ``adam_direction``)."""
-    b1, b2 = (float(b) for b in group["betas"])
-    c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
-    return optim_cuda.adam_scalars(b1=b1, b2=b2, eps_c=float(group["eps"]) * root_c2,
-                                   step_size=float(group["lr"]) * root_c2 / c1, decay=decay)
-
-
-def advance_adam(optimizer, gi, flat_group):
-    """The host half of a captured Adam(W) group step, before a replay: the scalars of the step
-    from the group's hyperparameters now (a schedule's lr) uploaded, its step counts advanced."""
-    group, states = optimizer.param_groups[gi], optimizer.state[gi]
-    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
-    decay = 1.0 - lr * wd if wd and optimizer.decoupled_weight_decay else 1.0
-    flat_group.scalars.upload(adam_values(group, states[0]["step"] + 1, decay))
-    for state in states:
-        state["step"] += 1
+def hold(*arrays):
+    """While a step is captured, keep ``arrays`` (found in a cache, which may drop them later)
+    alive with its graph; nothing otherwise."""
+    if cuda.capturing():
+        current().hold(*arrays)

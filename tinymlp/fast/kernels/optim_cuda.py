@@ -10,12 +10,14 @@ which stays on the device: nothing is read back).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .. import cuda
+from .. import cuda, scalars
 
-__all__ = ["ADAM_SCALARS", "SOURCE", "adam_scalars", "adam_step", "clip_by_norm", "gather", "multi_tensor_ok",
-           "pointer_table", "scale_all"]
+__all__ = ["ADAM_SCALARS", "SOURCE", "adam_scalars", "adam_step", "adam_values", "advance_adam", "clip_by_norm",
+           "gather", "multi_tensor_ok", "pointer_table", "scale_all"]
 
 SOURCE = r"""// ---- Multi-tensor kernels: one launch over many parameters (or gradients). ptrs[k] is the
 // device address of array k (C-contiguous), starts[k] its offset in the flat numbering of all
@@ -130,17 +132,26 @@ def multi_tensor_ok(arrays) -> bool:
 def pointer_table(arrays):
     """(addresses, offsets) of ``arrays`` on the device, int64: the kernels' table. Uploaded
     when the set of addresses is new; a training loop meets the same few sets again and again
-    (the parameters; gradients reusing the memory pool's blocks), so they are cached."""
+    (the parameters; gradients reusing the memory pool's blocks), so they are cached. During
+    capture a cached table is held for the graph, and a new one (the addresses of arrays the
+    capture made) is uploaded before the graph's first launch (``fast/scalars.py``), not cached."""
     cp = cuda.cupy()
     key = tuple((a.data.ptr, a.size) for a in arrays)
     table = _tables.get(key)
-    if table is None:
-        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-        np.cumsum([a.size for a in arrays], out=offsets[1:])
-        table = (cp.asarray(np.array([p for p, _ in key], dtype=np.int64)), cp.asarray(offsets))
-        if len(_tables) >= _MAX_TABLES:
-            _tables.pop(next(iter(_tables)))
-        _tables[key] = table
+    if table is not None:
+        scalars.hold(*table)
+        return table
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([a.size for a in arrays], out=offsets[1:])
+    addresses = np.array([p for p, _ in key], dtype=np.int64)
+    if cuda.capturing():
+        table = (cp.empty(len(arrays), dtype=np.int64), cp.empty(len(arrays) + 1, dtype=np.int64))
+        scalars.current().at_first_launch(lambda: (table[0].set(addresses), table[1].set(offsets)))
+        return table
+    table = (cp.asarray(addresses), cp.asarray(offsets))
+    if len(_tables) >= _MAX_TABLES:
+        _tables.pop(next(iter(_tables)))
+    _tables[key] = table
     return table
 
 
@@ -151,6 +162,27 @@ ADAM_SCALARS = ("b1", "1 - b1", "b2", "1 - b2", "eps_c", "step_size", "decay")
 def adam_scalars(*, b1, b2, eps_c, step_size, decay):
     """The values of ``ADAM_SCALARS`` for one step (Python floats, rounded to the dtype on upload)."""
     return (b1, 1.0 - b1, b2, 1.0 - b2, eps_c, step_size, decay)
+
+
+def adam_values(group, t, decay):
+    """Adam(W)'s scalars at step ``t`` for a param group, computed as the flat array code computes
+    them (``fast/optim.py``, ``adam_direction``)."""
+    b1, b2 = (float(b) for b in group["betas"])
+    c1, root_c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+    return adam_scalars(b1=b1, b2=b2, eps_c=float(group["eps"]) * root_c2,
+                        step_size=float(group["lr"]) * root_c2 / c1, decay=decay)
+
+
+def advance_adam(optimizer, gi, step_scalars):
+    """The host half of a captured Adam(W) group step, before each replay: the step's scalars
+    from the group's hyperparameters now (a schedule's lr) uploaded into ``step_scalars``
+    (``scalars.StepScalars``), the group's step counts advanced."""
+    group, states = optimizer.param_groups[gi], optimizer.state[gi]
+    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+    decay = 1.0 - lr * wd if wd and optimizer.decoupled_weight_decay else 1.0
+    step_scalars.upload(adam_values(group, states[0]["step"] + 1, decay))
+    for state in states:
+        state["step"] += 1
 
 
 def adam_step(params, g, m, v, scalars):
