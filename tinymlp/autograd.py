@@ -33,10 +33,7 @@ __all__ = ["Context", "Engine", "Function", "NoGraph", "backward", "engine", "un
 
 def unbroadcast(grad, shape):
     """Sum ``grad`` down to ``shape``: the gradient of a NumPy broadcast from ``shape``.
-
-    Broadcasting prepends axes and stretches size-1 axes; its adjoint sums over exactly those.
-    This one helper serves every op whose inputs broadcast.
-    """
+    Broadcasting prepends axes and stretches size-1 axes; its adjoint sums over exactly those."""
     shape = tuple(shape)
     if grad.shape == shape:
         return grad
@@ -129,7 +126,7 @@ class Function:
     def apply(cls, *args, **kwargs):
         """Run the op on Tensors (or arrays and constants), ``MyOp.apply(x, w, axis=1)``: a Tensor,
         recorded in the graph when an input requires grad (``Engine.apply``)."""
-        return engine().apply(cls, args, kwargs)
+        return (dispatch.lookup(dispatch.ENGINE, "any") or REFERENCE).apply(cls, args, kwargs)   # engine()
 
 
 # --------------------------------------------------------------------------- the engine
@@ -186,12 +183,16 @@ class Engine:
         """Run ``node``'s backward on ``g``, dL/d(its output), and send each input its share."""
         graph.check_not_freed(node)
         guard.check_unmodified(node, last=not retain_graph)
-        input_grads = contract.gradients(node, node.fn.backward(node, g))     # one per input, shapes checked
+        input_grads = contract.gradients(node, self.run_backward(node, g, retain_graph))   # one per input, checked
         for parent, ig in zip(node.parents, input_grads):
             if parent is not None and ig is not None:
                 self.accumulate(grads, parent, ig)
         if not retain_graph:
             graph.free(node)
+
+    def run_backward(self, node, g, retain_graph):
+        """The op's own backward: dL/d(its inputs) from ``g``."""
+        return node.fn.backward(node, g)
 
     def accumulate(self, grads, node, g):
         """Add ``g`` to what ``node``'s output has received: the chain rule's sum over its readers."""
@@ -209,8 +210,7 @@ REFERENCE = Engine()
 
 def engine() -> Engine:
     """The engine that runs now: the fast tier's where it registered one (and is on), else ``REFERENCE``."""
-    found = dispatch.lookup(dispatch.ENGINE, "any")
-    return REFERENCE if found is None else found
+    return dispatch.lookup(dispatch.ENGINE, "any") or REFERENCE
 
 
 def backward(root: Tensor, grad=None, retain_graph: bool = False) -> None:

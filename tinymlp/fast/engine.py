@@ -25,7 +25,6 @@ from __future__ import annotations
 import sys
 import threading
 
-from .. import graph
 from ..autograd import Context, Engine, NoGraph
 from ..backend import device_of
 from ..tensor import Tensor
@@ -134,10 +133,9 @@ class FastEngine(Engine):
             return Tensor.from_array(out, ctx if record else None)
         return PendingBias.wrap(out, ctx.pending_bias, ctx if record else None)
 
-    def propagate(self, node, g, grads, retain_graph):
-        graph.check_not_freed(node)
+    def run_backward(self, node, g, retain_graph):
         node.retain_graph = retain_graph               # False: the node's last backward (early frees)
-        super().propagate(node, g, grads, retain_graph)
+        return node.fn.backward(node, g)
 
     def accumulate_leaf(self, leaf, g):
         if leaf.grad is not None:
