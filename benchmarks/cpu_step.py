@@ -458,7 +458,12 @@ def build(name, runs, batch, quick, torch, seed=0, profile=False):
     return steps
 
 
-def alternate(runs, steps, warmup, gap):
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+"""``--clock``: wall time, or the process's CPU time (steadier where other work shares the cores:
+with ``--threads 1`` it counts this step's own work)."""
+
+
+def alternate(runs, steps, warmup, gap, clock=time.perf_counter):
     """Per run: the step times (s), the runs taken in turn, an idle gap of ``gap`` s before each."""
     for _ in range(warmup):
         for run in runs.values():
@@ -470,9 +475,9 @@ def alternate(runs, steps, warmup, gap):
             if gap:
                 time.sleep(gap)
             f0 = page_faults()
-            start = time.perf_counter()
+            start = clock()
             run()
-            times[k].append(time.perf_counter() - start)
+            times[k].append(clock() - start)
             f1 = page_faults()
             if f0 is not None:
                 faults[k] += f1 - f0
@@ -486,7 +491,7 @@ def bench_model(name, runs, args, torch):
     timed = {k: steps[k] for k in runs if k in steps}
     first = {k: float(timed[k]().item()) for k in timed if k not in FLOORS}
     n = args.steps or model_config(name, args.quick)[2]
-    times, faults = alternate(timed, n, args.warmup, args.gap)
+    times, faults = alternate(timed, n, args.warmup, args.gap, CLOCKS[args.clock])
     result = {"name": name, "params": model.num_parameters(), "steps": n, "first_loss": first,
               "ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
               "spread": {k: (1e3 * min(v), 1e3 * max(v)) for k, v in times.items()},
@@ -563,7 +568,7 @@ def print_header(blas, torch, args, runs):
     steps = f"{args.steps}" if args.steps else "10 (CIFAR) / 30 (MNIST-sized)"
     print(f"timing   forward + backward + AdamW, float32, batch {args.batch_size}; {mode}; "
           f"median of {steps} timed steps after {args.warmup} warm-up round(s), "
-          f"an idle gap of {args.gap} s before every timed step")
+          f"an idle gap of {args.gap} s before every timed step; {args.clock} time")
     print(f"runs     {', '.join(runs)}")
     print()
 
@@ -660,7 +665,8 @@ def print_gap(results):
 # ----------------------------------------------------------------------------- main
 def child_command(args, name, run):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--models", name, "--runs", run,
-           "--batch-size", str(args.batch_size), "--warmup", str(args.warmup), "--gap", str(args.gap)]
+           "--batch-size", str(args.batch_size), "--warmup", str(args.warmup), "--gap", str(args.gap),
+           "--clock", args.clock]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     if args.threads:
@@ -711,6 +717,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default 10 CIFAR, 30 small)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     parser.add_argument("--gap", type=float, default=0.25, help="idle seconds before every timed step (0.25)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time (default) or the process's CPU time (with --threads 1, on a busy machine)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for NumPy's BLAS, numba and PyTorch (default: NumPy's BLAS default)")
