@@ -45,7 +45,7 @@ LAYERS = [
     ("autograd", "contract", "grad_mode", "guard", "graph", "tensor"),
     ("ops", "functional"),
     ("fast",),
-    ("nn", "optim"),
+    ("hyperparameters", "nn", "optim", "schedule"),
     ("models",),
     ("data", "files", "checkpoint", "interop", "train", "plot", "predict"),
     ("gradcheck", "testing", "lessons"),
@@ -66,7 +66,7 @@ OVER_CAP: dict[str, str] = {}
 """Library file (relative to tinymlp/) -> why it may pass its cap."""
 
 REFERENCE_TIER = ("autograd", "contract", "dispatch", "grad_mode", "guard", "graph", "tensor", "ops", "functional",
-                  "nn", "optim")
+                  "hyperparameters", "nn", "optim", "schedule")
 """What a student reads: none of it imports the fast tier (which finds its way in through the
 dispatch table and the optimizer's hook instead)."""
 

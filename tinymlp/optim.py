@@ -1,4 +1,5 @@
-"""Optimizers (SGD, Adam, AdamW), learning-rate schedules and gradient clipping.
+"""Optimizers (SGD, Adam, AdamW) and gradient clipping; the learning-rate schedules
+(tinymlp/schedule.py) are importable from here too.
 
 An optimizer holds *param groups*: dicts with a list of parameters under ``"params"`` and the
 hyperparameters that apply to them (``lr``, ``weight_decay``, ...), as in PyTorch::
@@ -35,44 +36,15 @@ import numpy as np
 from . import dispatch
 from .backend import array_module, device_of, to_device
 from .guard import mark_written
+from .hyperparameters import check_hyperparameter, describe, is_count
 from .nn.module import value_problem
+from .schedule import LRSchedule, WarmupCosine, WarmupLinear
 from .tensor import Tensor
 
 __all__ = [
     "SGD", "Adam", "AdamW", "Optimizer", "check_hyperparameter", "param_groups",
     "LRSchedule", "WarmupLinear", "WarmupCosine", "clip_grad_norm",
 ]
-
-
-def check_hyperparameter(owner, name, value, low=0.0, high=None, low_open=False, high_open=False):
-    """``value`` as a float, if it is a finite number in [low, high] (an end excluded when
-    ``low_open``/``high_open``); else a ValueError naming ``owner``, the argument, the value and
-    the range. The one check every optimizer, schedule and ``clip_grad_norm`` argument goes through."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{owner}: {name} must be a number, got {value!r}") from None
-    finite = math.isfinite(number)
-    too_low = low is not None and (number < low or (low_open and number == low))
-    too_high = high is not None and (number > high or (high_open and number == high))
-    if finite and not too_low and not too_high:     # (checked every step: the message is built only when needed)
-        return number
-    left = f"{low:g} {'<' if low_open else '<='} " if low is not None else ""
-    right = f" {'<' if high_open else '<='} {high:g}" if high is not None else ""
-    expected = f"expected {left}{name}{right}"
-    if not finite:
-        raise ValueError(f"{owner}: {name}={value!r} is not a finite number; {expected}")
-    raise ValueError(f"{owner}: {name}={value!r} is out of range; {expected}")
-
-
-def _is_count(value) -> bool:
-    """An integer >= 0 (a step count, an index), not a bool or a float."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 0
-
-
-def _describe(value) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def _as_param_list(params, what="params"):
@@ -280,7 +252,7 @@ class Optimizer:
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list) \
                 or not isinstance(state_dict.get("state"), dict):
             raise ValueError(f"{name}.load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' "
-                             f"(a list), as state_dict() returns; got {_describe(state_dict)}")
+                             f"(a list), as state_dict() returns; got {describe(state_dict)}")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(
@@ -290,7 +262,7 @@ class Optimizer:
         where, problems = {}, []
         for gi, (saved, group) in enumerate(zip(groups, self.param_groups)):
             if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
-                problems.append(f"group {gi}: not a dict with a 'params' list ({_describe(saved)})")
+                problems.append(f"group {gi}: not a dict with a 'params' list ({describe(saved)})")
                 continue
             unknown = sorted(set(saved) - set(self.defaults) - {"params"})
             if unknown:
@@ -305,17 +277,17 @@ class Optimizer:
                 )
                 continue
             for i, index in enumerate(saved["params"]):
-                if not _is_count(index):
+                if not is_count(index):
                     problems.append(f"group {gi}: parameter index {index!r} is not an integer >= 0")
                     continue
                 where[int(index)] = (gi, i)
         for key, entry in state_dict["state"].items():
-            index = int(key) if _is_count(key) or (isinstance(key, str) and key.isdigit()) else None
+            index = int(key) if is_count(key) or (isinstance(key, str) and key.isdigit()) else None
             if index is None or index not in where:
                 problems.append(f"state for parameter {key!r}, which no group lists")
                 continue
             if not isinstance(entry, dict):
-                problems.append(f"parameter {key}: its state is {_describe(entry)}, not a dict")
+                problems.append(f"parameter {key}: its state is {describe(entry)}, not a dict")
                 continue
             gi, i = where[index]
             group = self.param_groups[gi]
@@ -323,13 +295,13 @@ class Optimizer:
             have = set(entry) - {"step"}
             if have != names:
                 problems.append(f"parameter {key}: state has {sorted(have)}, {name} needs {sorted(names)}")
-            if not _is_count(entry.get("step")):
+            if not is_count(entry.get("step")):
                 problems.append(f"parameter {key}: step {entry.get('step')!r} is not an integer >= 0")
             shape = tuple(group["params"][i].shape)
             for n in sorted(have & names):
                 value = entry[n]
                 if not hasattr(value, "shape") or not hasattr(value, "dtype"):
-                    problems.append(f"parameter {key}: {n} is {_describe(value)}, not an array")
+                    problems.append(f"parameter {key}: {n} is {describe(value)}, not an array")
                     continue
                 if tuple(value.shape) != shape:
                     problems.append(f"parameter {key}: {n} has shape {tuple(value.shape)}, parameter {shape}")
@@ -443,124 +415,6 @@ class AdamW(Adam):
 
 
 # ---------------------------------------------------------------------- schedules
-class LRSchedule:
-    """Linear warmup from 0 to each group's base lr, then a decay to ``min_lr``.
-
-    ``step`` counts training steps from 0; the lr used by training step s is ``get_lr(s)``::
-
-        s < warmup:   lr = base * s / warmup
-        otherwise:    lr = min_lr + (base - min_lr) * decay(progress),
-                      progress = (s - warmup) / (total - warmup), clipped to [0, 1]
-
-    Creating the schedule sets the lr of step 0; call ``step()`` once per training step,
-    after ``optimizer.step()``. Subclasses define ``decay``: 1 at progress 0, 0 at 1.
-    """
-
-    def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0):
-        self._check_settings(type(self).__name__, warmup_steps, total_steps, min_lr)
-        self.optimizer = optimizer
-        self.warmup_steps, self.total_steps, self.min_lr = int(warmup_steps), int(total_steps), float(min_lr)
-        self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        self.step_count = 0
-        self._apply()
-
-    @staticmethod
-    def decay(progress: float) -> float:
-        raise NotImplementedError
-
-    def _lr(self, step, base):
-        if step < self.warmup_steps:
-            return base * step / self.warmup_steps
-        span = self.total_steps - self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / span) if span else 1.0
-        return self.min_lr + (base - self.min_lr) * self.decay(progress)
-
-    def get_lr(self, step=None) -> float:
-        """The lr of the first param group at ``step`` (default: the current step)."""
-        if step is not None and not _is_count(step):
-            raise ValueError(f"{type(self).__name__}.get_lr: step must be a step count (an int >= 0), got {step!r}")
-        return self._lr(self.step_count if step is None else step, self.base_lrs[0])
-
-    def _apply(self):
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = self._lr(self.step_count, base)
-
-    def step(self):
-        self.step_count += 1
-        self._apply()
-
-    def state_dict(self) -> dict:
-        return {
-            "step_count": self.step_count, "base_lrs": list(self.base_lrs),
-            "warmup_steps": self.warmup_steps, "total_steps": self.total_steps, "min_lr": self.min_lr,
-        }
-
-    @staticmethod
-    def _check_settings(name, warmup_steps, total_steps, min_lr):
-        for what, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
-            if not _is_count(value):       # a float is not truncated silently, a bool is not a count
-                raise ValueError(f"{name}: {what}={value!r} is not a whole number of steps; expected {what} "
-                                 "an int >= 0")
-        check_hyperparameter(name, "total_steps", total_steps, 0, low_open=True)
-        check_hyperparameter(name, "min_lr", min_lr, 0)
-        if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
-            raise ValueError(
-                f"{name}: need 0 <= warmup_steps <= total_steps and total_steps > 0, "
-                f"got warmup_steps={warmup_steps}, total_steps={total_steps}"
-            )
-
-    def check_state_dict(self, state):
-        """A ValueError (or TypeError) naming what is wrong with ``state``, checked as the
-        constructor checks its arguments: nothing is changed until it passes."""
-        name = f"{type(self).__name__}.load_state_dict"
-        keys = ("step_count", "base_lrs", "warmup_steps", "total_steps", "min_lr")
-        if not isinstance(state, dict) or any(k not in state for k in keys):
-            raise ValueError(f"{name}: expected a dict with {', '.join(keys)}, as state_dict() returns; "
-                             f"got {_describe(state)}")
-        for k in ("step_count", "warmup_steps", "total_steps"):
-            if not _is_count(state[k]):
-                raise ValueError(f"{name}: {k}={state[k]!r} is not an integer >= 0")
-        self._check_settings(name, state["warmup_steps"], state["total_steps"], state["min_lr"])
-        if (not isinstance(state["base_lrs"], (list, tuple))
-                or len(state["base_lrs"]) != len(self.optimizer.param_groups)):
-            raise ValueError(
-                f"{name}: {_describe(state['base_lrs'])} as base lrs for {len(self.optimizer.param_groups)} "
-                "param group(s); expected one lr per group"
-            )
-        for i, lr in enumerate(state["base_lrs"]):
-            check_hyperparameter(name, f"base_lrs[{i}]", lr)
-
-    def load_state_dict(self, state):
-        """Restore ``state_dict()``'s values (checked first: nothing changes on error)."""
-        self.check_state_dict(state)
-        self.step_count = int(state["step_count"])
-        self.base_lrs = [float(b) for b in state["base_lrs"]]
-        self.warmup_steps, self.total_steps = int(state["warmup_steps"]), int(state["total_steps"])
-        self.min_lr = float(state["min_lr"])
-        self._apply()
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(warmup_steps={self.warmup_steps}, total_steps={self.total_steps}, "
-                f"min_lr={self.min_lr}, step_count={self.step_count})")
-
-
-class WarmupLinear(LRSchedule):
-    """Linear warmup, then linear decay to ``min_lr`` at ``total_steps`` (MLP-Mixer's recipe)."""
-
-    @staticmethod
-    def decay(progress):
-        return 1.0 - progress
-
-
-class WarmupCosine(LRSchedule):
-    """Linear warmup, then half a cosine from the base lr down to ``min_lr``."""
-
-    @staticmethod
-    def decay(progress):
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-# ---------------------------------------------------------------------- clipping
 def clip_grad_norm(params, max_norm, sync=True):
     """Scale the gradients in place so that their joint L2 norm is at most ``max_norm``.
 
