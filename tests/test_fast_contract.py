@@ -422,11 +422,13 @@ def test_disabled_runs_the_reference_and_restores_the_state():
 
 
 def test_environment_variable_turns_the_fast_tier_off_at_import():
+    """TINYMLP_FAST=0: the reference ops and the reference engine, end to end."""
     code = ("import tinymlp, tinymlp.functional as F, numpy as np;"
             "from tinymlp.ops.linear import Linear;"
             "x = tinymlp.tensor(np.ones((2, 3)), requires_grad=True);"
-            "print(tinymlp.fast.is_enabled(), F.linear(x, x.T).grad_fn.fn is Linear)")
-    for value, expected in (("0", "False True"), ("1", "True False")):
+            "print(tinymlp.fast.is_enabled(), F.linear(x, x.T).grad_fn.fn is Linear,"
+            "      tinymlp.autograd.engine() is tinymlp.autograd.REFERENCE)")
+    for value, expected in (("0", "False True True"), ("1", "True False False")):
         env = {**os.environ, "TINYMLP_FAST": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected, (value, out.stdout, out.stderr)
