@@ -39,7 +39,7 @@ LAYERS = [
     ("fast",),
     ("nn", "optim"),
     ("models",),
-    ("data", "files", "checkpoint", "interop", "train", "plot", "predict"),
+    ("data", "files", "checkpoint", "interop", "train", "plot", "predict", "evaluate"),
     ("gradcheck", "testing", "lessons"),
 ]
 """Lowest first; a module's layer is that of its first name below ``tinymlp`` (``tinymlp.ops.norm``
