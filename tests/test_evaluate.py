@@ -132,3 +132,41 @@ def test_evaluate_a_synthetic_run_and_a_text_run_on_their_test_sets(tmp_path):
     assert result["examples"] == 6 and result["top1"] == pytest.approx(tested.get("best", tested["last"])["accuracy"])
     whole = evaluated(text, "--data", path, "--out", tmp_path / "whole", cwd=tmp_path)
     assert whole["examples"] == 60 and whole["classes"] == ["neg", "pos"]
+
+
+def test_evaluate_a_cifar_run_reads_the_cifar_test_split(tmp_path, monkeypatch):
+    """A CIFAR-10 run (its checkpoint written here, CIFAR a tiny archive of the real format) is scored
+    on the CIFAR test split it records, through the normalisation it records."""
+    import tarfile
+
+    import tinymlp as tm
+    from test_data import C10_NAMES, make_tiny
+    from tinymlp import checkpoint, models
+    from tinymlp.data import ARCHIVES
+    from tinymlp.evaluate import evaluate_run
+
+    tiny = make_tiny(tmp_path, "cifar10")
+    monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
+    root = tmp_path / "data"
+    with tarfile.open(tiny.archive) as tar:
+        tar.extractall(root, filter="data")
+    model = models.create("mixer_cifar", dim=16, depth=1, token_mlp_dim=8, channel_mlp_dim=16)
+    model.head.weight.data[...] = np.random.default_rng(0).normal(size=model.head.weight.shape)
+    mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+    out = tmp_path / "run"
+    out.mkdir()
+    checkpoint.save(out / "checkpoint.npz", model, epoch=1, preset="mixer_cifar", model_config=model.config,
+                    classes=list(C10_NAMES), dataset="cifar10", args={"dataset": "cifar10", "data_dir": str(root)},
+                    preprocess={"kind": "image", "size": 32, "image_size": 32, "mean": mean, "std": std})
+    result = evaluate_run(out)
+    labels, pixels = tiny.splits["test"]
+    images = pixels.reshape(-1, 3, 32, 32) / 255.0
+    x = (images - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+    with tm.no_grad():
+        logits = model.eval()(tm.tensor(x)).numpy().astype(np.float64)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    assert result["data"] == "the cifar10 test split" and result["examples"] == len(labels) == 3
+    assert result["top1"] == pytest.approx(np.mean(p.argmax(axis=1) == labels[:, 0]))
+    assert result["loss"] == pytest.approx(-np.mean(np.log(p[np.arange(3), labels[:, 0]])), rel=1e-4)
+    assert result["classes"] == list(C10_NAMES) and result["top5"] is not None
