@@ -2,7 +2,7 @@
 
 Every example writes ``checkpoint.npz`` (model, optimizer, schedule, history, the flags and what
 ``tinymlp.predict`` needs, after each epoch), ``best.npz`` (the same, of the epoch with the best
-validation accuracy, when there is a validation set), ``metrics.json`` and ``curves.png`` into
+validation accuracy, when there is a validation set), ``metrics.json``, ``metrics.csv`` and ``curves.png`` into
 --out. ``--resume PATH|auto`` continues a run from its checkpoint: ``check_resumable`` refuses a
 checkpoint of another script, or model flags that contradict it (a resumed run keeps its
 architecture), and takes the data and pipeline options from it (one given again with another
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from cli import BEST, CHECKPOINT, METRICS, UsageError, check_data_flags, count, flag
+from cli import BEST, CHECKPOINT, METRICS, METRICS_CSV, UsageError, check_data_flags, count, flag
 
 from tinymlp import CudaUnavailableError, backend, checkpoint, models, no_grad, optim, plot
 from tinymlp.checkpoint import CheckpointError
@@ -142,7 +142,8 @@ def _check_writable(out: Path):
 def write_metrics(out: Path, args, model, history, splits=None, test=None, lower_loss=False):
     """metrics.json: the configuration, the splits (``splits``: {"train", "validation", "test"} ->
     a description of each), the per-epoch history (its ``val_*`` are the validation set's), the
-    best epoch, and the test results (``test``, reported once, at the end; None until then)."""
+    best epoch, and the test results (``test``, reported once, at the end; None until then); and
+    metrics.csv: the history alone, one line per epoch."""
     h = history.to_dict()
     last = {k: v[-1] for k, v in h.items()} if len(history) else {}
     best = best_epoch(history, lower_loss)
@@ -154,6 +155,8 @@ def write_metrics(out: Path, args, model, history, splits=None, test=None, lower
     }
     text = json.dumps(payload, indent=2, allow_nan=True) + "\n"
     atomic_write(out / METRICS, lambda f: f.write(text), what="metrics.json", binary=False)
+    table = history.to_csv()
+    atomic_write(out / METRICS_CSV, lambda f: f.write(table), what="metrics.csv", binary=False)
 
 
 def best_epoch(history, lower_loss=False):
