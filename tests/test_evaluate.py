@@ -68,6 +68,7 @@ def folder_run(tmp_path_factory):
     return tmp, root, out
 
 
+@pytest.mark.slow
 @needs_pillow
 def test_evaluate_scores_the_runs_own_held_out_test_set_as_the_run_did(folder_run):
     tmp, root, out = folder_run
@@ -85,6 +86,7 @@ def test_evaluate_scores_the_runs_own_held_out_test_set_as_the_run_did(folder_ru
     assert (out / "evaluation_confusion.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 @needs_pillow
 def test_evaluate_other_labelled_data_and_prints_a_table(folder_run):
     tmp, root, out = folder_run
@@ -102,6 +104,7 @@ def test_evaluate_other_labelled_data_and_prints_a_table(folder_run):
     assert "precision" in table.stdout and "evaluation_confusion.png" in table.stdout
 
 
+@pytest.mark.slow
 @needs_pillow
 def test_evaluate_refusals_are_one_line(folder_run):
     tmp, root, out = folder_run
@@ -114,6 +117,7 @@ def test_evaluate_refusals_are_one_line(folder_run):
     refused(tinymlp_cli("evaluate", tmp / "nothing", cwd=tmp), "no such file or folder")
 
 
+@pytest.mark.slow
 def test_evaluate_a_synthetic_run_and_a_text_run_on_their_test_sets(tmp_path):
     out = tmp_path / "synthetic"
     ok(run("train_cifar_mixer.py", "--dataset", "synthetic", "--synthetic-size", "100", *TINY_IMAGE, "--out", out,

@@ -67,6 +67,7 @@ def test_history_to_csv_holds_what_to_dict_holds():
 @pytest.mark.parametrize("script,flags", [(MIXER, [*SMOKE, *TINY[MIXER]]),
                                           (CLS, ["--dataset", "synthetic", "--synthetic-size", "200", *TEXT])],
                          ids=["mixer", "text"])
+@pytest.mark.slow
 def test_a_run_prints_its_summary_and_writes_metrics_csv_every_epoch(tmp_path, script, flags):
     out = tmp_path / "run"
     result = run(script, *flags, "--epochs", "2", "--out", out, cwd=tmp_path)
