@@ -47,7 +47,7 @@ from . import checkpoint, plot
 from .backend import CudaUnavailableError
 from .checkpoint import CheckpointError
 from .data import (
-    DATASETS, TEXT_DATASETS, DatasetError, SyntheticImages, get_dataset, get_text_dataset, held_out_split,
+    DATASETS, DatasetError, SyntheticImages, get_dataset, get_text_dataset, held_out_split,
     read_text_table, split_text_dataset,
 )
 from .data.folder import ImageFolder, class_folders, has_class_folders, load_npz, subset
@@ -59,6 +59,7 @@ __all__ = ["CONFUSION_FILE", "EvaluateError", "JSON_FILE", "evaluate_run", "main
 JSON_FILE = "evaluation.json"
 CONFUSION_FILE = "evaluation_confusion.png"
 TOP_K = 5
+SENTIMENT = ("polarity", "sst2")           # the text sets that have a test split on disk
 
 
 class EvaluateError(ValueError):
@@ -143,7 +144,7 @@ def _text_test_set(name, args, classes):
         n = max(10, int(args.get("synthetic_size", 2000)) // 5)
         return f"{n} generated test examples ({task})", get_text_dataset(task, num_examples=n,
                                                                               seed=args.get("seed", 0), train=False)
-    if name in TEXT_DATASETS:
+    if name in SENTIMENT:
         return f"the {name} test split", get_text_dataset(name, train=False, root=args.get("data_dir"),
                                                                 download=False, progress=False)
     if name == "csv":
@@ -161,13 +162,13 @@ def given_data(given, predictor, meta, data_dir=None):
     """(description, dataset) of ``--data``: a built-in set's name, a folder, an .npz or a CSV/TSV file."""
     args = meta.get("args") if isinstance(meta.get("args"), dict) else {}
     if predictor.kind == "text":
-        if given in TEXT_DATASETS and not Path(given).exists():
+        if given in SENTIMENT + ("synthetic",) and not Path(given).exists():
             return _text_test_set(given, {**args, "data_dir": data_dir}, predictor.classes)
         columns = (args.get("text_column", "text"), args.get("label_column", "label"), args.get("pair_column"))
         path = Path(given)
         if path.is_dir() or not path.exists():
             raise EvaluateError(f"--data {given}: {'a folder' if path.is_dir() else 'no such file'}; a text model is "
-                                "evaluated on a CSV or TSV file (columns as its run's) or on polarity or sst2")
+                                "evaluated on a CSV or TSV file (columns as its run's), polarity, sst2 or synthetic")
         return str(path), read_text_table(path, *columns, classes=list(predictor.classes))
     if given in DATASETS and not Path(given).exists():
         if given == "synthetic":
