@@ -2,8 +2,8 @@
 the notebooks are committed clean and up to date with their sources.
 
 ``lessons/NN_name.ipynb`` is the worked build (the answer key): run in a fresh ``python3``
-kernel with ``lessons/`` as the working directory (marker ``lessons``; deselect with
-``-m "not lessons"``), it must raise nowhere and the grader must pass every exercise of it.
+kernel with ``lessons/`` as the working directory (marker ``lessons``: not in the everyday suite,
+run with ``-m "slow or lessons"``), it must raise nowhere and the grader must pass every exercise of it.
 ``lessons/exercises/NN_name.ipynb`` is the student build: untouched, it must run to the end,
 every exercise is "not done", and every cell that waits for an exercise says what it skipped.
 Both go through the grader (``tinymlp.lessons.grader.grade_notebook``), so what is tested here
