@@ -31,16 +31,17 @@ from tinymlp.backend import cgroup_memory_limit, memory_limit
 from tinymlp import functional as F
 
 __all__ = [
-    "BEST", "CHECKPOINT", "CURVES", "METRICS", "MODEL_FLAGS", "OWN_IMAGES", "UsageError", "cgroup_memory_limit",
-    "check_args", "check_data_flags", "check_data_size", "check_memory", "count", "explicit_flags", "flag",
-    "loss_function", "make_model", "make_parser", "memory_available", "memory_limit", "model_args", "parameters",
-    "tokens_per_example", "training_bytes",
+    "BEST", "CHECKPOINT", "CURVES", "METRICS", "METRICS_CSV", "MODEL_FLAGS", "OWN_IMAGES", "UsageError",
+    "cgroup_memory_limit", "check_args", "check_data_flags", "check_data_size", "check_memory", "count",
+    "explicit_flags", "flag", "loss_function", "make_model", "make_parser", "memory_available", "memory_limit",
+    "model_args", "parameters", "tokens_per_example", "training_bytes",
 ]
 
 # what a run writes in its --out folder
 CHECKPOINT = "checkpoint.npz"
 BEST = "best.npz"
 METRICS = "metrics.json"
+METRICS_CSV = "metrics.csv"
 CURVES = "curves.png"
 
 
@@ -129,7 +130,7 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     g = p.add_argument_group("outputs and runs")
     g.add_argument("--out", default=None,
                    help=f"output folder: {CHECKPOINT} (the last epoch), {BEST} (the best validation epoch), "
-                        f"{METRICS}, {CURVES} and "
+                        f"{METRICS}, {METRICS_CSV} (one line per epoch), {CURVES} and "
                         "the weight plot (default: runs/<model>). A new run never replaces another: when --out "
                         "holds one, it writes to <out>-2 (then -3, ...) and says so")
     g.add_argument("--resume", default=None, metavar="PATH|auto",

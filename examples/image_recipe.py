@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from cli import (
-    BEST, CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, OWN_IMAGES, UsageError, check_args, check_data_flags,
+    BEST, CHECKPOINT, CURVES, METRICS, METRICS_CSV, MODEL_FLAGS, OWN_IMAGES, UsageError, check_args, check_data_flags,
     check_data_size, check_memory, count, explicit_flags, loss_function, make_model, parameters, tokens_per_example,
 )
 from run_files import (
@@ -45,7 +45,7 @@ from run_folder import open_out, resume_path
 from tinymlp import backend, checkpoint, data, optim, plot
 from tinymlp.data import DatasetError, folder, held_out_split
 from tinymlp.models import config as preset_config
-from tinymlp.train import History, fit, format_epoch
+from tinymlp.train import History, fit, format_epoch, summary
 
 __all__ = ["NORMALIZATIONS", "main", "run"]
 
@@ -124,6 +124,7 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
           f"{count(args.epochs, 'epoch')} x {steps_per_epoch} steps of {args.batch_size}, "
           f"{type(opt).__name__} lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
+    print(summary(model))
 
     RUN.update(out=out, resume=resume, started=time.time())
     show = False if args.no_progress else None       # None: bars when stderr is a terminal
@@ -162,7 +163,7 @@ def run(args, model_spec, explicit=frozenset(), build_model=None) -> int:
                   title=f"{cls.__name__} on {args.dataset}: test set, {test['used']}")
     write_metrics(out, args, model, history, described, test, resumes=resumes)
     speed = f"{history.images_per_sec[-1]:,.0f} img/s training" if history.images_per_sec else "no training"
-    files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, CURVES]
+    files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, METRICS_CSV, CURVES]
     files += ([weight_file] if weight_plot is not None else []) + ([CONFUSION] if args.dataset in OWN_DATA else [])
     print(f"done: {describe_test(test)} | {speed} on {args.device} | "
           f"{count(len(history), 'epoch')} | outputs in {out}/ ({', '.join(files)})")

@@ -3,7 +3,7 @@ writes to, and what happens to what is already there: ``run_folder.py``).
 
 Every example writes ``checkpoint.npz`` (model, optimizer, schedule, history, the flags and what
 ``tinymlp.predict`` needs, after each epoch), ``best.npz`` (the same, of the epoch with the best
-validation accuracy, when there is a validation set), ``metrics.json`` and ``curves.png`` into
+validation accuracy, when there is a validation set), ``metrics.json``, ``metrics.csv`` and ``curves.png`` into
 --out. ``--resume PATH|auto`` continues a run from its checkpoint: ``check_resumable`` refuses a
 checkpoint of another script, or model flags that contradict it (a resumed run keeps its
 architecture), and takes the data and pipeline options from it (one given again with another
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from cli import BEST, CHECKPOINT, METRICS, MODEL_FLAGS, UsageError, check_data_flags, count, flag
+from cli import BEST, CHECKPOINT, METRICS, METRICS_CSV, MODEL_FLAGS, UsageError, check_data_flags, count, flag
 
 from tinymlp import CudaUnavailableError, backend, checkpoint, models, no_grad, optim, plot
 from tinymlp.checkpoint import CheckpointError
@@ -125,7 +125,8 @@ def write_metrics(out: Path, args, model, history, splits=None, test=None, lower
     """metrics.json: the configuration, the splits (``splits``: {"train", "validation", "test"} ->
     a description of each), the per-epoch history (its ``val_*`` are the validation set's), the
     best epoch, the test results (``test``, reported once, at the end; None until then), and the
-    run's resumes (``resume_into``: the epoch of each, and the flags it changed)."""
+    run's resumes (``resume_into``: the epoch of each, and the flags it changed); and metrics.csv: the
+    history alone, one line per epoch."""
     h = history.to_dict()
     last = {k: v[-1] for k, v in h.items()} if len(history) else {}
     best = best_epoch(history, lower_loss)
@@ -138,6 +139,8 @@ def write_metrics(out: Path, args, model, history, splits=None, test=None, lower
     }
     text = json.dumps(payload, indent=2, allow_nan=True) + "\n"
     atomic_write(out / METRICS, lambda f: f.write(text), what="metrics.json", binary=False)
+    table = history.to_csv()
+    atomic_write(out / METRICS_CSV, lambda f: f.write(table), what="metrics.csv", binary=False)
 
 
 def best_epoch(history, lower_loss=False):

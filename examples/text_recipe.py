@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 from cli import (
-    BEST, CHECKPOINT, CURVES, METRICS, MODEL_FLAGS, UsageError, check_args, check_data_flags, check_data_size,
-    check_memory, count, explicit_flags, loss_function, make_model, make_parser, model_args, parameters,
+    BEST, CHECKPOINT, CURVES, METRICS, METRICS_CSV, MODEL_FLAGS, UsageError, check_args, check_data_flags,
+    check_data_size, check_memory, count, explicit_flags, loss_function, make_model, make_parser, model_args,
+    parameters,
 )
 from run_files import (
     CONFUSION, OWN_DATA, RUN, check_classes, check_resumable, confusion, describe_test, final_test, guard, keep_best,
@@ -33,7 +34,7 @@ from run_folder import open_out, resume_path
 from tinymlp import backend, checkpoint, data, optim, plot
 from tinymlp.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from tinymlp.models import config as preset_config
-from tinymlp.train import History, evaluate, fit, format_epoch
+from tinymlp.train import History, evaluate, fit, format_epoch, summary
 
 __all__ = ["TOKENIZER", "add_file_flags", "csv_datasets", "held_out_validation", "main", "model_overrides", "run",
            "text_parser", "tokenizer_for"]
@@ -235,6 +236,7 @@ def run(args, prepare, explicit, lm=False):
           f"parameters | {job['describe']} | {len(tok):,} pieces, {kwargs['seq_len']} tokens | {args.device} | "
           f"{count(args.epochs, 'epoch')} x {steps} steps of {args.batch_size}, AdamW lr {args.lr:g} "
           f"wd {args.weight_decay:g}, warmup {warmup} steps, clip {args.clip:g}")
+    print(summary(model))
     RUN.update(out=out, resume=resume, started=time.time())
     show = False if args.no_progress else None
     bars = show is None and sys.stderr.isatty()
@@ -266,22 +268,22 @@ def run(args, prepare, explicit, lm=False):
         print(f"{count(start, 'epoch')} already done: pass --epochs larger than {start} to train further")
     if test_loader is not None:                      # the test set, once, at the end
         test = final_test(out, model, test_loader, history, args.limit_batches, loss_fn)
-        summary = f"done: {describe_test(test)}"
+        ending = f"done: {describe_test(test)}"
     else:                                            # a masked LM: its held-out lines are all it has
         test = None
         if history.val_loss and history.val_loss[-1] is not None:
             loss, acc = history.val_loss[-1], history.val_acc[-1]
         else:
             loss, acc = evaluate(model, val_loader, args.limit_batches, loss_fn)
-        summary = job["done"](loss, acc)
+        ending = job["done"](loss, acc)
     write_metrics(out, args, model, history, splits, test, lower_loss=lm, resumes=resumes)
     plotted = args.dataset in OWN_DATA and classes is not None and test_loader is not None
     if plotted:
         confusion(model, test_loader, classes, out / CONFUSION, args.limit_batches,
                   title=f"{name} on {Path(args.train_file).name}: test set, {test['used']}")
     speed = f" | {history.images_per_sec[-1]:,.0f} samples/s training" if history.images_per_sec else ""
-    files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, CURVES, TOKENIZER]
-    print(summary + f"{speed} | {count(len(history), 'epoch')} | outputs in {out}/ "
+    files = [CHECKPOINT] + ([BEST] if (out / BEST).is_file() else []) + [METRICS, METRICS_CSV, CURVES, TOKENIZER]
+    print(ending + f"{speed} | {count(len(history), 'epoch')} | outputs in {out}/ "
           f"({', '.join(files + ([CONFUSION] if plotted else []))})")
     return 0
 

@@ -1,5 +1,13 @@
-"""Shared test configuration: hypothesis profiles, the device fixture, the cuda marker, and the
-environment of the processes a test starts (``checkout_env``).
+"""Shared test configuration: the everyday suite and the rest, hypothesis profiles, the device
+fixture, the cuda marker, and the environment of the processes a test starts (``checkout_env``).
+
+Two suites. ``python -m pytest`` runs the everyday suite: every test not marked ``slow`` or
+``lessons`` (every op's gradient checks on both tiers, the engine, the layers, a step of each
+model, the data and checkpoint code, the command lines' refusals). ``python -m pytest -m "slow or
+lessons"`` runs the rest (the notebooks, the grader's planted answers, whole training runs of the
+example scripts, the CuPy stand-in's steps, long property runs); together the two are the whole
+suite, which ``--all`` runs in one go. A ``-m`` expression of your own, or a test file or test
+named on the command line (``pytest tests/test_lessons.py``), runs what it selects, marked or not.
 
 Profiles (select with HYPOTHESIS_PROFILE=dev|ci|nightly; CI=true selects "ci"):
 gradient checks are finite-difference loops, so deadlines are off everywhere.
@@ -29,11 +37,46 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 CUDA = tinymlp.cuda_available()
 
 
+NOT_EVERYDAY = ("slow", "lessons")
+"""The markers of the tests the everyday suite leaves to ``-m "slow or lessons"``."""
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", default=False,
+                     help="run the whole suite: the everyday tests and those marked slow or lessons")
+
+
+def everyday_only(config) -> bool:
+    """Whether this run is the everyday suite: no ``-m``, no ``--all``, and no test file or test
+    named on the command line (a folder, or nothing, is the suite)."""
+    if config.getoption("--all") or config.option.markexpr:
+        return False
+    named = [arg for arg in config.args if "::" in arg or arg.split("::")[0].endswith(".py")]
+    return not named
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="no CUDA device visible to CuPy")
     for item in items:
         if "cuda" in item.keywords and not CUDA:
             item.add_marker(skip_cuda)
+    if everyday_only(config):
+        rest = [item for item in items if any(item.get_closest_marker(m) for m in NOT_EVERYDAY)]
+        if rest:
+            left = set(map(id, rest))
+            items[:] = [item for item in items if id(item) not in left]
+            config.hook.pytest_deselected(items=rest)
+            config.stash[_LEFT_FOR_LATER] = len(rest)
+
+
+_LEFT_FOR_LATER = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left = config.stash.get(_LEFT_FOR_LATER, 0)
+    if left:
+        terminalreporter.write_line(f"the everyday suite: {left} tests marked slow or lessons were left out; "
+                                    'python -m pytest -m "slow or lessons" runs them (--all: everything)')
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # runs the benchmark scripts: not in the everyday suite
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_step.py"
 
 

@@ -10,8 +10,11 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tinymlp.data import TextDataset
+
+pytestmark = pytest.mark.slow   # runs the benchmark's training loop: not in the everyday suite
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("real_text", ROOT / "benchmarks" / "real_text.py")

@@ -455,6 +455,7 @@ EVERY_KERNEL = set().union(*(set().union(*_launched_names(m)) for m in KERNEL_MO
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.slow
 def test_training_steps_with_the_kernels_launch_every_kernel_and_follow_the_cpu(emulated, dtype):
     """Each model's fast training step on the "GPU", with every kernel emulated: the loss and
     every gradient are the CPU's, nothing is read back, and between them the steps (plus a

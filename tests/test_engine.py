@@ -380,6 +380,7 @@ def test_enable_grad_inside_no_grad():
 
 
 # ------------------------------------------------------------------ deep graphs
+@pytest.mark.slow
 def test_chain_of_100k_ops_backpropagates_without_recursion():
     n = 100_000
     assert sys.getrecursionlimit() < n  # a recursive topological sort would fail here
@@ -394,6 +395,7 @@ def test_chain_of_100k_ops_backpropagates_without_recursion():
     assert time.perf_counter() - start < 30  # about a second; linear, not quadratic
 
 
+@pytest.mark.slow
 def test_unused_deep_chain_is_deleted_without_crashing():
     y = leaf([0.0])
     for _ in range(100_000):

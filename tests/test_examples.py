@@ -49,6 +49,7 @@ def assert_clean_failure(result):
     (MIXER, [], "token_mixing.png"),
     (GMLP, ["--attn-dim", "8", "--toeplitz", "2d"], "spatial_weights.png"),   # aMLP, Toeplitz weights
 ])
+@pytest.mark.slow
 def test_script_trains_writes_its_outputs_and_resumes(tmp_path, script, extra, weight_png):
     out = tmp_path / "run"
     first = run(script, *SMOKE, *TINY[script], *extra, "--epochs", "1", "--lr", "0.002", "--out", out,
@@ -86,6 +87,7 @@ def test_script_trains_writes_its_outputs_and_resumes(tmp_path, script, extra, w
         assert json.loads((out / "metrics.json").read_text())["args"]["lr"] == 0.004
 
 
+@pytest.mark.slow
 def test_resume_auto_without_a_checkpoint_starts_afresh_and_a_missing_path_is_refused(tmp_path):
     out = tmp_path / "fresh"
     result = run(MIXER, *SMOKE, *TINY[MIXER], "--epochs", "1", "--limit-batches", "1", "--out", out,
@@ -150,6 +152,7 @@ def test_every_flag_is_checked_before_any_download_or_model(tmp_path, flags, wor
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_resume_file_or_changed_architecture_is_a_one_line_error(tmp_path):
     out = tmp_path / "run"
     assert_ok(run(GMLP, *SMOKE, *TINY[GMLP], "--attn-dim", "8", "--epochs", "1", "--out", out, cwd=tmp_path))

@@ -35,6 +35,7 @@ def _arrays(path):
 # ---------------------------------------------------------------------- a new run never erases one
 @pytest.mark.parametrize("script,flags", [(MIXER, [*SMOKE, *TINY[MIXER]]), (CLS, TEXT_RUN), (MLM, TEXT_RUN)],
                          ids=["mixer", "text", "mlm"])
+@pytest.mark.slow
 def test_a_rerun_writes_a_new_folder_and_overwrite_replaces(tmp_path, script, flags):
     out = tmp_path / "run"
     assert_ok(run(script, *flags, "--epochs", "1", "--out", out, cwd=tmp_path))
@@ -52,6 +53,7 @@ def test_a_rerun_writes_a_new_folder_and_overwrite_replaces(tmp_path, script, fl
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("run")) == ["run", "run-2"]
 
 
+@pytest.mark.slow
 def test_resuming_into_another_runs_out_is_refused(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
@@ -62,6 +64,7 @@ def test_resuming_into_another_runs_out_is_refused(tmp_path):
     assert "holds another run" in result.stderr and (b / "checkpoint.npz").read_bytes() == saved
 
 
+@pytest.mark.slow
 def test_a_text_checkpoint_carries_its_tokenizer(tmp_path):
     out, other = tmp_path / "run", tmp_path / "other"
     assert_ok(run(CLS, *TEXT_RUN, "--epochs", "1", "--out", out, cwd=tmp_path))
@@ -87,6 +90,7 @@ def mixer_script(monkeypatch, tmp_path):
                                                 argv=[str(a) for a in argv])
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_with_dropout_resumes_bit_for_bit(mixer_script, tmp_path, monkeypatch, capsys):
     flags = [*SMOKE, *TINY[MIXER], "--dropout", "0.1", "--epochs", "2"]
     assert mixer_script(*flags, "--out", tmp_path / "straight") == 0
@@ -117,6 +121,7 @@ def test_an_interrupted_run_with_dropout_resumes_bit_for_bit(mixer_script, tmp_p
         read_meta(tmp_path / "straight" / "checkpoint.npz")["history"]["train_loss"]
 
 
+@pytest.mark.slow
 def test_data_options_are_kept_and_compared_on_resume(tmp_path):
     out = tmp_path / "run"
     assert_ok(run(MIXER, *SMOKE, *TINY[MIXER], "--epochs", "1", "--out", out, cwd=tmp_path))
@@ -140,6 +145,7 @@ def test_data_options_are_kept_and_compared_on_resume(tmp_path):
 @pytest.mark.parametrize("script,other,written_by", [
     (GMLP, MIXER, "train_cifar_mixer.py"), (MIXER, GMLP, "train_cifar_gmlp.py"), (CLS, MLM, "pretrain_mlm.py"),
 ])
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_family_is_refused_before_training(tmp_path, script, other, written_by):
     out = tmp_path / "run"
     flags = TEXT_RUN if other in (CLS, MLM) else [*SMOKE, *TINY[other]]
@@ -152,6 +158,7 @@ def test_a_checkpoint_of_another_model_family_is_refused_before_training(tmp_pat
     assert (out / "checkpoint.npz").read_bytes() == saved and "epoch" not in result.stdout
 
 
+@pytest.mark.slow
 def test_a_longer_run_says_what_happens_to_the_schedule(tmp_path):
     out = tmp_path / "run"
     assert_ok(run(MIXER, *SMOKE, *TINY[MIXER], "--epochs", "2", "--warmup", "0", "--out", out, cwd=tmp_path))
@@ -178,6 +185,7 @@ def test_impossible_sizes_and_constructor_errors_are_one_line(tmp_path, script, 
         assert "GiB" in result.stderr and "of memory on this cpu" in result.stderr
 
 
+@pytest.mark.slow
 def test_text_runs_count_samples_and_epochs_in_words(tmp_path):
     result = run(CLS, *TEXT_RUN, "--epochs", "1", "--out", tmp_path / "run", cwd=tmp_path)
     assert_ok(result)

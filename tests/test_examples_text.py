@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tinymlp.checkpoint import read_meta
 from tinymlp.data.tokenizer import Tokenizer
 
@@ -30,6 +32,7 @@ def ok(result):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_pretrain_resume_then_finetune(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"the film number {i % 7} was {'good' if i % 3 else 'bad'} ." for i in range(120)))
@@ -49,6 +52,7 @@ def test_pretrain_resume_then_finetune(tmp_path):
     assert (fine / "tokenizer.json").read_text() == (mlm / "tokenizer.json").read_text()
 
 
+@pytest.mark.slow
 def test_classifier_amlp_on_pairs_and_resume(tmp_path):
     out_dir = tmp_path / "cls"
     args = ["--dataset", "synthetic", "--synthetic-task", "pairs", "--synthetic-size", "96", *TINY,

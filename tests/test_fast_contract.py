@@ -421,6 +421,7 @@ def test_disabled_runs_the_reference_and_restores_the_state():
     assert fast.is_enabled() == before
 
 
+@pytest.mark.slow
 def test_environment_variable_turns_the_fast_tier_off_at_import():
     """TINYMLP_FAST=0: the reference ops and the reference engine, end to end."""
     code = ("import tinymlp, tinymlp.functional as F, numpy as np;"
@@ -479,6 +480,7 @@ def test_without_numba_the_numpy_fast_path_runs_and_matches_the_reference(numba_
 @needs_numba
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.slow
 def test_compiled_kernels_on_large_arrays_match_the_reference(dtype, layout):
     """Above PARALLEL_MIN elements the parallel kernels run; float32 arrays take the float32 kernels."""
     from tinymlp.fast.activation import CompiledGELU
@@ -507,6 +509,7 @@ def test_compiled_kernels_on_large_arrays_match_the_reference(dtype, layout):
 
 @needs_numba
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.slow
 def test_compiled_sgu_layer_norm_on_large_arrays_matches_the_reference(dtype):
     rng = np.random.default_rng(1)
     B, S, e = 48, 64, 96
@@ -575,6 +578,7 @@ def test_compiled_split_sgu_keeps_z_and_the_product_and_copies_nothing(residual)
 
 @needs_numba
 @pytest.mark.parametrize("cls", [Adam, AdamW])
+@pytest.mark.slow
 def test_compiled_adam_equals_the_readable_one_in_float32_and_on_large_buffers(cls):
     rng = np.random.default_rng(0)
     shapes = [(600, 500), (7,), (30, 30)]       # more than PARALLEL_MIN values in all

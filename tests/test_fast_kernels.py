@@ -78,6 +78,7 @@ def test_exp32_is_within_a_few_ulp_of_exp_and_keeps_the_edges():
 @needs_numba
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("shape", [(3, 5, 7), (64, 64, 64)])       # the second above PARALLEL_MIN
+@pytest.mark.slow
 def test_compiled_softmax_matches_the_reference_and_runs(dtype, shape, kernel_calls):
     from tinymlp.fast.attention import CompiledSoftmax
 

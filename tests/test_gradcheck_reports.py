@@ -185,6 +185,7 @@ def test_sampled_pass_says_how_many_were_checked_and_how_to_check_all():
     assert "64 of 100000 + 4 dir" in text  # the table's checked column
 
 
+@pytest.mark.slow
 def test_sampled_failure_counts_agree_between_table_and_pattern():
     x = leaf((250, 400), 5)  # 100,000 elements: too many for the full fallback
     report = failing(TanhLastRowWrong.apply, (x,))

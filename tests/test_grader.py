@@ -115,6 +115,7 @@ def grade_cli(*args, timeout=600):
 
 # ------------------------------------------------------------------------------ a class, by name
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_class, checkout_env):
     notebooks = sorted(lesson4_class.glob("*/04_layernorm.ipynb"))
     out = grade_cli("--json", *notebooks)
@@ -149,6 +150,7 @@ def test_a_class_of_three_is_graded_one_row_per_student_and_exercise(lesson4_cla
 
 
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_the_table_and_csv_name_the_students(lesson4_class, checkout_env):
     notebooks = sorted(lesson4_class.glob("*/04_layernorm.ipynb"))
     table = grade_cli("--no-execute", *notebooks)
@@ -220,6 +222,7 @@ GRADESCOPE_SCHEMA = {
 
 
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_gradescope_results_validate_against_the_documented_format(lesson4_class, tmp_path, checkout_env):
     jsonschema = pytest.importorskip("jsonschema")
     one = tmp_path / "results" / "results.json"
@@ -579,6 +582,7 @@ def test_a_students_mistake_is_graded_with_the_words_that_name_it(name, tmp_path
     assert unsaid not in result["reason"], (name, result["reason"])
 
 
+@pytest.mark.slow
 def test_an_answer_that_loops_forever_fails_after_the_timeout(tmp_path, checkout_env):
     nb = new_notebook(cells=[new_code_cell("def mixer_block_parameters(S, C, D_S, D_C):\n"
                                            "    while True:\n"
@@ -599,6 +603,7 @@ def test_the_answers_own_print_cannot_forge_a_result(tmp_path, checkout_env):
 
 
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_what_the_notebook_prints_or_patches_in_its_kernel_changes_no_grade(tmp_path, checkout_env):
     """A fake passed line and a patched EXERCISES in the notebook: the grade is the answer's."""
     nb = new_notebook(cells=[
@@ -620,6 +625,7 @@ def test_what_the_notebook_prints_or_patches_in_its_kernel_changes_no_grade(tmp_
 
 # ------------------------------------------------------------------------------ reports a student can act on
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_reproduce_lines_run_where_they_are_printed(tmp_path, checkout_env):
     nb = nbformat.read(EXERCISES_DIR / "04_layernorm.ipynb", as_version=4)
     plant(nb, "04.1", WRONG_04_1)
@@ -679,6 +685,7 @@ def test_an_error_inside_backward_shows_the_students_cell_and_line(tmp_path, che
 
 
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_an_error_inside_backward_in_the_notebook_names_its_cell(tmp_path, checkout_env):
     source = ln_with("dx = r * grad.mean(axis=-1, keepdim=True)")
     nb = new_notebook(cells=[new_code_cell(source), new_code_cell('check("04.1", MyLayerNorm)')])
@@ -701,6 +708,7 @@ def test_every_check_names_its_lesson_section_and_a_library_file_that_exists():
 
 # ------------------------------------------------------------------------------ outside the repository
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_a_notebook_copied_out_of_the_repository_still_finds_its_checks(tmp_path, checkout_env, monkeypatch):
     copy = tmp_path / "homework" / "01_backprop_by_hand.ipynb"
     copy.parent.mkdir()

@@ -14,9 +14,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tinymlp import interop, models
 from tinymlp.checkpoint import read_meta
+
+pytestmark = pytest.mark.slow   # fine-tunes with the example script: not in the everyday suite
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "finetune.py"

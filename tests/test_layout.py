@@ -47,7 +47,7 @@ LAYERS = [
     ("fast",),
     ("hyperparameters", "nn", "optim", "schedule"),
     ("models",),
-    ("data", "files", "checkpoint", "interop", "train", "plot", "predict"),
+    ("data", "files", "checkpoint", "interop", "train", "plot", "predict", "evaluate"),
     ("gradcheck", "testing", "lessons"),
 ]
 """Lowest first; a module's layer is that of its first name below ``tinymlp`` (``tinymlp.ops.norm``

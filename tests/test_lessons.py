@@ -2,8 +2,8 @@
 the notebooks are committed clean and up to date with their sources.
 
 ``lessons/NN_name.ipynb`` is the worked build (the answer key): run in a fresh ``python3``
-kernel with ``lessons/`` as the working directory (marker ``lessons``; deselect with
-``-m "not lessons"``), it must raise nowhere and the grader must pass every exercise of it.
+kernel with ``lessons/`` as the working directory (marker ``lessons``: not in the everyday suite,
+run with ``-m "slow or lessons"``), it must raise nowhere and the grader must pass every exercise of it.
 ``lessons/exercises/NN_name.ipynb`` is the student build: untouched, it must run to the end,
 every exercise is "not done", and every cell that waits for an exercise says what it skipped.
 Both go through the grader (``tinymlp.lessons.grader.grade_notebook``), so what is tested here
@@ -103,6 +103,22 @@ def test_worked_lesson_runs_and_every_exercise_passes(path, kernel_env, checks):
     assert [r.exercise for r in graded.rows] == sorted(k for k in checks.EXERCISES if k.startswith(path.name[:2] + "."))
     assert all(graded_said == "passed" for graded_said in (r.notebook_said for r in graded.rows))
     _no_stray_values(path.name, graded.notebook)
+    _checks_at_telling_points(path.stem, graded.notebook)
+
+
+# gradcheck's warning that its inputs cannot show some bugs (all zeros, all ones, whole numbers, a
+# batch of one), in a warning or in a report; a demonstration checks where a bug would show, except
+# the cells that show such a point on purpose: (lesson, a line of the cell's source)
+DEGENERATE = re.compile(r"GradcheckWarning|^warning \((constant_values|integer_values|batch_of_one)\)", re.M)
+ON_PURPOSE = {("10_gradcheck_your_layer", "at_ones = gradcheck(rms_norm_no_gain, (x, ones), raise_on_fail=False)")}
+
+
+def _checks_at_telling_points(name, nb):
+    warned = [(i, cell.source) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+              and DEGENERATE.search(_printed(cell))]
+    unplanned = [(i, _printed(nb.cells[i])[:300]) for i, source in warned
+                 if not any(lesson == name and line in source for lesson, line in ON_PURPOSE)]
+    assert not unplanned, f"{name}: a demonstration checks gradients where some bugs cannot show: {unplanned}"
 
 
 def _no_stray_values(name, nb):
@@ -647,6 +663,42 @@ def test_masked_mean_check_passes_the_answer_and_names_the_usual_slips(checks, c
         assert out.startswith(f"{head}: FAILED\n") and expected in out, (kind, out)
 
 
+def _token_mixing(slip=None):
+    """The token-mixing block of exercise 06.2: the answer, or one of the usual slips around its MLP."""
+    import numpy as np
+
+    from tinymlp import F, nn
+
+    class TokenMixing(nn.Module):
+        def __init__(self, num_tokens, dim, hidden, rng=None):
+            super().__init__()
+            rng = np.random.default_rng(rng)
+            self.norm = nn.LayerNorm(dim, eps=1e-6)
+            self.fc1 = nn.Linear(num_tokens, hidden, rng=rng)
+            self.fc2 = nn.Linear(hidden, num_tokens, rng=rng)
+
+        def forward(self, x):
+            normed = self.norm(x)
+            h = self.fc2(F.gelu(self.fc1(normed.transpose(0, 2, 1))))
+            if slip == "not transposed back":
+                return h
+            h = h.transpose(0, 2, 1)
+            return {None: x + h, "no residual": h, "twice": x + x + h, "normed": normed + h}[slip]
+
+    return TokenMixing
+
+
+def test_token_mixing_check_names_what_is_wrong_around_the_mlp(checks, capsys):
+    head = "exercise 06.2 token-mixing block from Linear layers"
+    assert checks.check("06.2", _token_mixing())
+    assert capsys.readouterr().out == f"{head}: passed\n"
+    for slip, expected in [("no residual", "the residual is missing"), ("twice", "the residual is added twice"),
+                           ("normed", "the residual adds LN(x)"), ("not transposed back", "transpose it back")]:
+        assert not checks.check("06.2", _token_mixing(slip)), slip
+        out = capsys.readouterr().out
+        assert out.startswith(f"{head}: FAILED\n") and expected in out, (slip, out)
+
+
 def _wordpiece(slip=None):
     """A WordPiece cut (exercise 12.3): the reference answer, or one of the usual slips."""
     def wordpiece(word, vocab):
@@ -716,6 +768,16 @@ def test_exercises_are_registered_numbered_and_enough(checks, make_lessons):
 def test_each_lesson_states_objectives_and_prerequisites(source):
     head = source.read_text()[:4000]
     assert "**Objectives.**" in head and "**Prerequisites:**" in head, source.name
+
+
+def test_the_students_section_shows_their_grading_command():
+    """A student grades their own notebook with the instructor's command, on their copy in exercises/."""
+    text = (LESSONS / "README.md").read_text()
+    section = text[text.index("## For students"):text.index("## For instructors")]
+    commands = re.findall(r"^python lessons/checks\.py (lessons/exercises/\S+\.ipynb)", section, flags=re.M)
+    assert commands, "the students' section names no command that grades their notebook"
+    for pattern in commands:
+        assert sorted(ROOT.glob(pattern)), pattern
 
 
 def test_lessons_exist_and_are_numbered():

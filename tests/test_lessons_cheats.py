@@ -424,6 +424,7 @@ def _library_source(name):
 
 
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_copies_are_flagged_for_the_instructor_and_not_failed(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
     submit(folder, "alice", "04_layernorm.ipynb", _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": OWN}))
@@ -467,6 +468,7 @@ def grade_cli(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_metadata_attack_leaves_the_other_students_results_intact_and_writes_nothing_outside(tmp_path, checkout_env):
     folder, out = tmp_path / "submissions", tmp_path / "out" / "results"
     submit(folder, "bob", "06_mlp_mixer.ipynb", _notebook(RIGHT_06))
@@ -486,6 +488,7 @@ def test_a_metadata_attack_leaves_the_other_students_results_intact_and_writes_n
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "out" / "escaped").exists()
 
 
+@pytest.mark.slow
 def test_two_notebooks_for_one_student_are_refused_naming_both(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
     submit(folder, "alice", "06_mlp_mixer.ipynb", _notebook(RIGHT_06))
@@ -507,6 +510,7 @@ def test_a_notebook_of_another_lesson_scores_zero_under_this_lessons_name(tmp_pa
             in graded.rows[0].reason)
 
 
+@pytest.mark.slow
 def test_a_roster_names_the_students_and_refuses_other_folders(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
     submit(folder, "u1017", "06_mlp_mixer.ipynb", _notebook(RIGHT_06))
@@ -545,6 +549,7 @@ def test_not_done_says_why_in_every_output(tmp_path, checkout_env):
 
 
 @pytest.mark.lessons
+@pytest.mark.slow
 def test_a_timeout_names_the_cell_and_its_first_line(tmp_path, checkout_env):
     nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("import time\ntime.sleep(60)")])
     run = grader.execute(submit(tmp_path, "bob", "04_slow.ipynb", nb), timeout=3)

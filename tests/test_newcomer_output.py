@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tinymlp import plot
 from tinymlp.train import History, format_epoch
@@ -38,6 +39,7 @@ def test_held_out_split_named_by_the_caller(tmp_path):
     assert labels == {"train", "test"}
 
 
+@pytest.mark.slow
 def test_cli_says_test_names_the_widths_and_counts_epochs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
            "TINYMLP_DATA": str(tmp_path / "no-data-here")}

@@ -342,6 +342,7 @@ TINY_IMAGE = ["--dim", "16", "--depth", "1", "--epochs", "1", "--batch-size", "4
 
 
 @needs_pillow
+@pytest.mark.slow
 def test_train_cifar_gmlp_on_an_image_folder(tmp_path):
     root = image_folder(tmp_path / "pets")
     out = tmp_path / "run"
@@ -363,6 +364,7 @@ def test_train_cifar_gmlp_on_an_image_folder(tmp_path):
 
 
 @needs_pillow
+@pytest.mark.slow
 def test_an_image_folder_without_test_holds_some_out(tmp_path):
     root = image_folder(tmp_path / "pets", per_class=(10, 0))
     stdout = ok(run("train_cifar_mixer.py", "--dataset", "folder", "--data-dir", root, *TINY_IMAGE,
@@ -371,6 +373,7 @@ def test_an_image_folder_without_test_holds_some_out(tmp_path):
     assert "folder: 14 train / 2 validation / 4 test images" in stdout
 
 
+@pytest.mark.slow
 def test_train_cifar_mixer_on_npz_arrays(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(30, 28, 28), dtype=np.uint8)            # grey 28 x 28, resized to 32
@@ -411,6 +414,7 @@ TINY_TEXT = ["--seq-len", "16", "--dim", "16", "--depth", "1", "--ffn-dim", "32"
              "--batch-size", "8", "--epochs", "1", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_train_text_gmlp_on_a_csv_file(tmp_path):
     path = reviews_csv(tmp_path / "reviews.csv")
     out = tmp_path / "run"
@@ -423,6 +427,7 @@ def test_train_text_gmlp_on_a_csv_file(tmp_path):
     assert json.loads((out / "metrics.json").read_text())["dataset"] == "csv"
 
 
+@pytest.mark.slow
 def test_train_text_gmlp_on_tsv_pairs_with_a_test_file(tmp_path):
     rows = ["a\tb\tlabel"] + [f"word{i % 5} here\tword{(i + i % 2) % 5} there\t{i % 2}" for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(rows[:33]) + "\n", encoding="utf-8")
@@ -433,6 +438,7 @@ def test_train_text_gmlp_on_tsv_pairs_with_a_test_file(tmp_path):
     assert "csv: 28 train / 4 validation / 8 test sentence pairs" in stdout
 
 
+@pytest.mark.slow
 def test_pretrain_mlm_on_a_csv_file_and_on_lines(tmp_path):
     path = reviews_csv(tmp_path / "reviews.csv")
     stdout = ok(run("pretrain_mlm.py", "--dataset", "csv", "--train-file", path, "--text-column", "review",
@@ -471,6 +477,7 @@ def test_a_test_file_with_an_unknown_label_is_refused(tmp_path):
             "other.csv", "the label 'neutral'", "not a class of the training data (neg, pos)")
 
 
+@pytest.mark.slow
 def test_finetune_on_npz_arrays_gets_a_head_for_their_classes(tmp_path):
     from tinymlp import interop, models
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # runs a notebook: not in the everyday suite
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CELLS = [

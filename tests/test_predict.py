@@ -19,6 +19,8 @@ from test_own_data import (
     ROOT, TINY_IMAGE, TINY_TEXT, image_folder, needs_pillow, ok, refused, reviews_csv, run, write_png,
 )
 
+pytestmark = pytest.mark.slow   # trains runs with the example scripts: not in the everyday suite
+
 
 def tinymlp_cli(*args, cwd):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -13,16 +13,60 @@ def test_readme_has_python_examples():
     assert len(BLOCKS) >= 2
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+# an example that trains (calls fit) takes half a minute: it runs with the slow tests
+EXAMPLES = [pytest.param(i, marks=pytest.mark.slow) if "fit(" in block else i for i, block in enumerate(BLOCKS)]
+
+
+@pytest.mark.parametrize("index", EXAMPLES)
 def test_readme_example_runs(index, capsys):
     exec(compile(BLOCKS[index], f"README.md example {index}", "exec"), {"__name__": "__readme__"})
 
 
-def test_readme_test_command_is_what_ci_runs():
+def test_readme_test_commands_are_what_ci_runs_and_say_how_long_they_take():
     ci = (README.parent / ".ci" / "run").read_text()
-    command = 'pip install -e ".[test]" && python -m pytest'
-    assert command in README.read_text()
-    assert command in ci
+    section = TEXT[TEXT.index("## Run the tests"):TEXT.index("\n## ", TEXT.index("## Run the tests") + 5)]
+    everyday, rest = 'pip install -e ".[test]" && python -m pytest', 'python -m pytest -m "slow or lessons"'
+    for command in (everyday, rest):
+        assert command in section and command in ci.splitlines(), command
+    assert len(re.findall(r"\d+ min", section)) >= 2, "the section states both commands' times"
+    assert "2-core" in section or "two cores" in section                       # and the machine
+
+
+def _anchor(heading):
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_first_screen_is_a_students():
+    """Python version and a virtual environment, the minute-long run, the lessons, and only then
+    CUDA and the CIFAR download; a table of contents whose links all land on a heading."""
+    import configparser
+
+    first = TEXT[:TEXT.index("## Autograd in ten lines")]
+    order = [first.index(s) for s in ("python3 -m venv", "--dataset synthetic", "lessons/exercises/", "--device cuda")]
+    assert order == sorted(order), order
+    required = configparser.ConfigParser()
+    required.read(README.parent / "setup.cfg")
+    version = required["options"]["python_requires"].lstrip(">=")
+    assert f"Python {version} or later" in first[:first.index("python3 -m venv")]
+    contents = TEXT.splitlines()[:30]
+    assert any(line.startswith("**Contents**") for line in contents)
+    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", TEXT, flags=re.M)}
+    links = re.findall(r"\]\(#([\w\-]+)\)", TEXT)
+    assert links and not [link for link in links if link not in anchors]
+
+
+def test_benchmark_tables_live_in_results_md_and_the_license_is_mit():
+    section = TEXT[TEXT.index("## Benchmarks"):TEXT.index("## Layout")]
+    assert "|---" not in section and len(section.splitlines()) < 40
+    results = (README.parent / "benchmarks" / "RESULTS.md").read_text()
+    assert "## The current figures" in results and "`mixer_cifar` | 17.6 | 10.3 |" in results
+    import configparser
+
+    meta = configparser.ConfigParser()
+    meta.read(README.parent / "setup.cfg")
+    assert meta["metadata"]["license"] == "MIT"
+    assert (README.parent / "LICENSE").read_text().startswith("MIT License\n")
 
 
 TEXT = README.read_text()
@@ -68,6 +112,7 @@ def test_readme_says_when_fine_tuning_keeps_the_head():
     assert "its own head" in section and "a new zero head" in section           # what the script prints
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_readme_smoke_run_runs(tmp_path):
     import subprocess

@@ -121,6 +121,7 @@ def test_paper_counts():
 
 
 @pytest.mark.parametrize("attn_dim", [None, 8])
+@pytest.mark.slow
 def test_gmlp_and_amlp_learn_the_order_task(attn_dim):
     """Both classes have the same words: only mixing tokens by position can separate them."""
     train, test = OrderTask(1000, seq_words=8, seed=0), OrderTask(300, seq_words=8, seed=0, train=False)

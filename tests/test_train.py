@@ -332,6 +332,7 @@ def test_spatial_weights_of_arrays_and_wrong_models(tmp_path):
 
 
 # ---------------------------------------------------------------------- learning
+@pytest.mark.slow
 def test_cifar_mixer_configuration_learns_the_synthetic_set():
     """The mixer_cifar preset's layout (32x32 images, 4x4 patches, 64 tokens, D_S = C, D_C = 4C)
     at reduced width and depth (C = 64, 2 blocks instead of 256 and 8) to fit a CPU budget of

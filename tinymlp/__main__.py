@@ -1,5 +1,7 @@
 """Command line: ``python -m tinymlp doctor`` reports what tinymlp can run on here; ``python -m
-tinymlp predict`` classifies images or texts with a trained model (``tinymlp/predict.py``)."""
+tinymlp predict`` classifies images or texts with a trained model (``tinymlp/predict.py``);
+``python -m tinymlp evaluate`` scores a trained model on labelled data: top-1 and top-5 accuracy,
+per-class precision and recall, the confusion matrix (``tinymlp/evaluate.py``)."""
 
 from __future__ import annotations
 
@@ -119,10 +121,16 @@ def main(argv=None) -> int:
     if argv[:1] == ["predict"]:                      # its own flags: tinymlp/predict.py
         from .predict import main as predict
         return predict(argv[1:])
+    if argv[:1] == ["evaluate"]:                     # its own flags: tinymlp/evaluate.py
+        from .evaluate import main as evaluate
+        return evaluate(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tinymlp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="print NumPy/BLAS, CuPy, the CUDA devices seen, and run a tiny op on each")
     sub.add_parser("predict", help="classify images or texts with a trained model (predict --help)")
+    sub.add_parser("evaluate", help="top-1/top-5 accuracy, per-class precision and recall and the confusion "
+                                    "matrix of a trained model on its test set or other labelled data "
+                                    "(evaluate --help)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()

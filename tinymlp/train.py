@@ -8,6 +8,8 @@ decides for itself.
                   scheduler=sched, clip=1.0, callbacks=[save_checkpoint])
     test_loss, test_acc = evaluate(model, test_loader)
     history.to_dict()           # JSON-able: metrics.json, or a checkpoint's metadata
+    history.to_csv()            # one line per epoch: metrics.csv, for a spreadsheet or pandas
+    print(summary(model))       # the input, the parameters of each block, the total
 
 One training step is the usual few lines: forward, loss, ``zero_grad``, ``backward``,
 optional gradient clipping, ``optimizer.step()``, ``scheduler.step()``.
@@ -33,6 +35,8 @@ prediction as correct when it is the target's most probable class.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import sys
 import time
@@ -47,10 +51,11 @@ from .grad_mode import no_grad
 from .backend import array_module, parse_device, to_device
 from .data.loader import as_count, as_fraction
 from .fast.capture import CapturedStep
+from .nn import ModuleList
 from .optim import clip_grad_norm
 from .tensor import Tensor
 
-__all__ = ["History", "evaluate", "fit", "format_epoch"]
+__all__ = ["History", "evaluate", "fit", "format_epoch", "summary"]
 
 SYNC_EVERY = 20
 """Default number of batches between two reads of the running metrics (host syncs)."""
@@ -114,6 +119,17 @@ class History:
         """``{field: list}`` of plain Python numbers (and None), ready for ``json.dump``."""
         return {f.name: [_plain(v) for v in getattr(self, f.name)] for f in fields(self)}
 
+    def to_csv(self) -> str:
+        """A header line naming the fields, then one line per epoch (an empty cell for None)."""
+        names = [f.name for f in fields(self)]
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(names)
+        for i in range(len(self)):
+            writer.writerow(["" if v is None else repr(float(v)) if isinstance(v, float) else int(v)
+                             for v in (_plain(getattr(self, name)[i]) for name in names)])
+        return text.getvalue()
+
     @classmethod
     def from_dict(cls, data) -> History:
         """The inverse of ``to_dict``: a dict of lists of one length, holding numbers (or None). Anything
@@ -167,6 +183,49 @@ def format_epoch(history: History, total_epochs=None, val_name="val", unit="img"
     if r.get("graph") is not None:
         text += f" | {r['graph']}"
     return text + f" | {r['epoch_time']:.1f} s"
+
+
+# ---------------------------------------------------------------------- what a run trains
+def summary(model) -> str:
+    """What a run prints when training starts: the model's input, one row per part with its
+    parameters (each block of a stack on a row of its own: ``blocks.0``, ``blocks.1``, ...), and
+    the total. A parameter shared by two parts (tied weights) is counted once, in the first."""
+    rows = []                              # (name, what it is)
+    for name, child in model.named_children():
+        if isinstance(child, ModuleList):
+            rows += [(f"{name}.{index}", type(block).__name__) for index, block in child.named_children()]
+        else:
+            rows.append((name, type(child).__name__))
+    counts = {name: 0 for name, _ in rows}
+    own = []                               # the model's own parameters (a class token, a position table)
+    for name, p in model.named_parameters():
+        owner = next((row for row in counts if name.startswith(row + ".")), None)
+        if owner is None:
+            own.append((name, "Parameter"))
+            counts[owner := name] = 0
+        counts[owner] += p.size
+    rows[1:1] = own                        # after the embedding, where a ViT's forward uses them
+    width = max([len(name) for name, _ in rows] + [5])
+    kind = max([len(what) for _, what in rows] + [1])
+    lines = [f"{type(model).__name__}: {_input_of(model)}"]
+    lines += [f"  {name:{width}s}  {what:{kind}s}  {counts[name]:>12,}" for name, what in rows]
+    lines.append(f"  {'total':{width}s}  {'':{kind}s}  {model.num_parameters():>12,} parameters")
+    return "\n".join(lines)
+
+
+def _input_of(model) -> str:
+    """The input a model takes, read from its ``config``: images and their patches, or token ids."""
+    config = getattr(model, "config", None) or {}
+    if "image_size" in config and "patch_size" in config:
+        size, patch = config["image_size"], config["patch_size"]
+        h, w = (size, size) if isinstance(size, int) else size
+        ph, pw = (patch, patch) if isinstance(patch, int) else patch
+        return (f"input images ({config.get('in_channels', 3)}, {h}, {w}) -> {(h // ph) * (w // pw)} tokens "
+                f"(patches of {ph} x {pw}) of {config.get('dim', '?')} channels")
+    if "seq_len" in config:
+        return (f"input {config['seq_len']} token ids (a vocabulary of {config.get('vocab_size', '?'):,}) -> "
+                f"{config['seq_len']} tokens of {config.get('dim', '?')} channels")
+    return "input size not recorded in its config"
 
 
 # ---------------------------------------------------------------------- metrics on the device

@@ -353,8 +353,8 @@ assert not pred.requires_grad
 
 # %%
 X = tensor(rng.normal(size=(4, 3)), requires_grad=True, dtype="float64")
-bias = tensor(np.zeros(3), requires_grad=True, dtype="float64")
-col = tensor(np.zeros((4, 1)), requires_grad=True, dtype="float64")
+bias = tensor([0.5, -1.2, 0.3], requires_grad=True, dtype="float64")
+col = tensor([[0.7], [-0.4], [1.1], [-0.9]], requires_grad=True, dtype="float64")
 G = rng.normal(size=(4, 3))                   # some upstream gradient dL/dY
 (X + bias + col).backward(G)
 print("bias.grad =", bias.grad, "= column sums of G")

@@ -7,7 +7,7 @@ import numpy as np
 
 from ... import tensor
 from ..registry import Wrong, exercise
-from .common import close, gelu, integer, layer_norm, run_gradcheck, t64
+from .common import array_of, close, gelu, integer, layer_norm, run_gradcheck, t64
 
 
 @exercise("06.2", "token-mixing block from Linear layers", answer="TokenMixing", seed=10,
@@ -31,8 +31,27 @@ def token_mixing(cls, case):
                     f"{sorted((k, tuple(v.shape)) for k, v in names.items())}") from err
     for p in block.parameters():
         p.data = p.data.astype(np.float64)
-    close("forward", block(tensor(x.copy(), dtype="float64")), want, rtol=1e-6, atol=1e-8)
+    got = block(tensor(x.copy(), dtype="float64"))
+    around_the_mlp(array_of(got, "forward"), want, x, h)
+    close("forward", got, want, rtol=1e-6, atol=1e-8)
     run_gradcheck(block, (t64(x),), case)
+
+
+def around_the_mlp(got, want, x, normed):
+    """Name what is wrong around the token MLP: the residual left out, added twice or taken after
+    the LayerNorm, or the result left in the transposed (B, C, S) layout."""
+    if got.shape == want.shape[:-2] + want.shape[:-3:-1] and want.shape[-1] != want.shape[-2]:
+        raise Wrong(f"forward: shape {got.shape}, expected {want.shape}: the token MLP's output is still (B, C, S); "
+                    "transpose it back to (B, S, C) before adding the residual")
+    if got.shape != want.shape or np.allclose(got, want, rtol=1e-6, atol=1e-8):
+        return
+    for wrong, what in ((want - x, "the residual is missing: the block returns the token MLP's output alone; "
+                                   "add the input back, U = X + (...)^T"),
+                        (want + x, "the residual is added twice: U = X + (...)^T adds x once"),
+                        (want - x + normed, "the residual adds LN(x), the normalised input; U = X + (...)^T adds "
+                                            "the block's input x itself")):
+        if np.allclose(got, wrong, rtol=1e-6, atol=1e-8):
+            raise Wrong(f"forward: {what}")
 
 
 @exercise("06.1", "a Mixer block's parameter count", answer="mixer_block_parameters",

@@ -1,0 +1,54 @@
+"""The two suites of tests/conftest.py: ``python -m pytest`` (the everyday suite) and ``python -m
+pytest -m "slow or lessons"`` (the rest) are the whole suite between them, and the everyday one
+keeps what it promises: every op's gradient tests, the engine, a step of each model, the command
+lines' refusals."""
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import everyday_only
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# what the everyday suite must hold: at least one test of each of these files
+EVERYDAY_FILES = (
+    "test_linear.py", "test_activation.py", "test_norm.py", "test_attention.py", "test_gating.py", "test_loss.py",
+    "test_dropout.py", "test_embedding.py", "test_primitives.py", "test_engine.py", "test_tensor.py",
+    "test_models.py", "test_text_models.py", "test_fast_contract.py", "test_errors.py", "test_examples.py",
+    "test_gradcheck.py", "test_evaluate.py",
+)
+
+
+class _Config(SimpleNamespace):
+    def getoption(self, name):
+        return self.all
+
+
+@pytest.mark.parametrize("args,markexpr,everything,everyday", [
+    ([], "", False, True), (["tests"], "", False, True), (["tests/"], "", False, True),
+    (["tests/test_lessons.py"], "", False, False), (["tests/test_x.py::test_y"], "", False, False),
+    ([], "slow or lessons", False, False), ([], "", True, False),
+])
+def test_which_runs_are_the_everyday_suite(args, markexpr, everything, everyday):
+    config = _Config(args=args, option=SimpleNamespace(markexpr=markexpr), all=everything)
+    assert everyday_only(config) is everyday
+
+
+def _collected(*args):
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return {line.strip() for line in result.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.slow
+def test_the_everyday_suite_and_the_rest_are_the_whole_suite():
+    everyday, rest, whole = _collected(), _collected("-m", "slow or lessons"), _collected("--all")
+    assert everyday and rest and not everyday & rest
+    assert everyday | rest == whole, sorted(whole - everyday - rest)[:10]
+    files = {test.split("::")[0].split("/")[-1] for test in everyday}
+    assert not set(EVERYDAY_FILES) - files, sorted(set(EVERYDAY_FILES) - files)
