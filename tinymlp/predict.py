@@ -225,8 +225,9 @@ class Predictor:
             size = pre.get("image_size", config.get("image_size"))
             settings = dict(mean=pre.get("mean"), std=pre.get("std"), size=pre.get("size"),
                             image_size=tuple(size) if isinstance(size, list) else size)
-        settings = {**settings, **overrides}
-        problem = preprocessing_problem("text" if "tokenizer" in meta else "image", **settings)
+        recorded = {**settings, **{k: v for k, v in overrides.items() if k in settings}}
+        problem = preprocessing_problem("text" if "tokenizer" in meta else "image", **recorded)
+        settings = {**settings, **overrides}          # and the predictor's own options (batch_size)
         if problem:
             raise CheckpointError(f"{path}: {problem}")
         model, meta = load_model(path, device)

@@ -121,13 +121,12 @@ class History:
 
     def to_csv(self) -> str:
         """A header line naming the fields, then one line per epoch (an empty cell for None)."""
-        names = [f.name for f in fields(self)]
+        columns = self.to_dict()
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(names)
-        for i in range(len(self)):
-            writer.writerow(["" if v is None else repr(float(v)) if isinstance(v, float) else int(v)
-                             for v in (_plain(getattr(self, name)[i]) for name in names)])
+        writer.writerow(columns)
+        for row in zip(*columns.values()):
+            writer.writerow(["" if v is None else repr(float(v)) if isinstance(v, float) else int(v) for v in row])
         return text.getvalue()
 
     @classmethod
