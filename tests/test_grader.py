@@ -223,6 +223,7 @@ GRADESCOPE_SCHEMA = {
 def test_gradescope_results_validate_against_the_documented_format(lesson4_class, tmp_path, checkout_env):
     jsonschema = pytest.importorskip("jsonschema")
     one = tmp_path / "results" / "results.json"
+    one.parent.mkdir()
     out = grade_cli("--gradescope", "--no-execute", "-o", one, lesson4_class / "bob" / "04_layernorm.ipynb")
     assert out.returncode == 1, out.stderr
     result = json.loads(one.read_text())

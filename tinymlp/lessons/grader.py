@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import reports, scan, similarity
+from . import output, reports, scan, similarity
 from .identity import Submission, assign, inside, read_roster
 from .notebook import Notebook
 from .registry import EXERCISES
@@ -154,11 +154,11 @@ def execute(path, timeout=600, kernel_name="python3") -> Execution:
     for i, cell in enumerate(nb.cells, start=1):
         if cell.cell_type != "code":
             continue
-        for output in cell.get("outputs", []):
-            interrupted = i - 1 == stopped and output.get("ename") == "KeyboardInterrupt"  # by the timeout
-            if output.get("output_type") == "error" and not interrupted:
-                errors.append(f"cell {i}: {output.get('ename')}: {output.get('evalue')}")
-            text = _text_of(output)
+        for out in cell.get("outputs", []):
+            interrupted = i - 1 == stopped and out.get("ename") == "KeyboardInterrupt"  # by the timeout
+            if out.get("output_type") == "error" and not interrupted:
+                errors.append(f"cell {i}: {out.get('ename')}: {out.get('evalue')}")
+            text = _text_of(out)
             texts.append(text)
             for line in text.splitlines():
                 m = LINE.match(line)
@@ -334,7 +334,9 @@ def main(argv=None) -> int:
     form.add_argument("--json", action="store_true", help="print JSON: the rows, the notebooks' errors, the seed")
     form.add_argument("--gradescope", action="store_true",
                       help="write Gradescope's results.json (one per student: -o FILE for one, -o DIR for several)")
-    parser.add_argument("-o", "--output", type=pathlib.Path, help="write the output here instead of printing it")
+    parser.add_argument("-o", "--output", type=pathlib.Path,
+                        help="write the output to this file (a folder for --gradescope with several students); "
+                             "never a notebook or an input")
     parser.add_argument("--roster", type=pathlib.Path,
                         help="a file of lines 'folder,Student Name': the students, by submission folder")
     parser.add_argument("--seed", type=int, default=None,
@@ -344,12 +346,20 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
     parser.add_argument("--check-timeout", type=int, default=120,
                         help="seconds allowed per exercise's check (default 120)")
+    parser.add_argument("--unconfined", action="store_true",
+                        help="grade without the operating system's sandbox where none can start (the report says so)")
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
+    inputs = list(args.notebooks) + ([args.roster] if args.roster else [])
+    several = args.gradescope and args.output is not None and args.output.suffix != ".json"
     try:
+        if args.output is not None:
+            output.target(args.output, inputs, folder=several)
         roster = read_roster(args.roster) if args.roster else None
+    except output.OutputError as err:
+        return _refuse(str(err))
     except (OSError, ValueError) as err:
         parser.error(str(err))
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
@@ -359,40 +369,50 @@ def main(argv=None) -> int:
                                          log=lambda line: print(line, file=sys.stderr, flush=True))
     for note in notes + [f"not graded: {g.refused}" for g in graded if g.refused]:
         print(note, file=sys.stderr)
-    if args.gradescope:
-        _write_gradescope(graded, args.output)
-    else:
-        text = (reports.to_csv(graded) if args.csv else reports.to_json(graded, seed, notes, similar) if args.json
-                else reports.table(graded, notes, similar))
-        if args.output:
-            args.output.write_text(text if text.endswith("\n") else text + "\n")
+    try:
+        if args.gradescope:
+            _write_gradescope(graded, args.output, inputs)
         else:
-            print(text)
-        if not quiet:
-            print(f"hidden cases: seed {seed} (--seed {seed} repeats this grading)")
+            text = (reports.to_csv(graded) if args.csv else reports.to_json(graded, seed, notes, similar) if args.json
+                    else reports.table(graded, notes, similar))
+            if args.output:
+                output.write(args.output, text if text.endswith("\n") else text + "\n", inputs)
+            else:
+                print(text)
+            if not quiet:
+                print(f"hidden cases: seed {seed} (--seed {seed} repeats this grading)")
+    except output.OutputError as err:
+        return _refuse(str(err))
     return 0 if all(g.passed for g in graded) else 1
 
 
-def _write_gradescope(graded, output):
+def _refuse(sentence) -> int:
+    print(f"error: {sentence}", file=sys.stderr)
+    return 2
+
+
+def _write_gradescope(graded, where, inputs=()):
     import json
 
     by_student = {}
     for g in graded:
         if not g.refused:
             by_student.setdefault(g.student, []).append(g)
-    if len(by_student) <= 1 and (output is None or output.suffix == ".json"):
+    if len(by_student) <= 1 and (where is None or where.suffix == ".json"):
         text = json.dumps(reports.gradescope(next(iter(by_student.values()), [])), indent=2)
-        if output is None:
+        if where is None:
             print(text)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text + "\n")
+            output.write(where, text + "\n", inputs)
         return
-    if output is None or output.suffix == ".json":
-        raise SystemExit("--gradescope with several students writes one results.json each: pass -o FOLDER")
-    output.mkdir(parents=True, exist_ok=True)
-    for student, items in by_student.items():
-        target = inside(output, student, "results.json")
-        target.parent.mkdir(exist_ok=True)
-        target.write_text(json.dumps(reports.gradescope(items), indent=2) + "\n")
-        print(f"wrote {target}", file=sys.stderr)
+    if where is None or where.suffix == ".json":
+        raise output.OutputError("--gradescope with several students writes one results.json each: pass -o FOLDER")
+    try:
+        where.mkdir(exist_ok=True)
+        for student, items in by_student.items():
+            target = inside(where, student, "results.json")
+            target.parent.mkdir(exist_ok=True)
+            output.write(target, json.dumps(reports.gradescope(items), indent=2) + "\n", inputs)
+            print(f"wrote {target}", file=sys.stderr)
+    except OSError as err:
+        raise output.OutputError(f"cannot write in {where}: {err.strerror or err}") from None
