@@ -38,7 +38,7 @@ import inspect
 import sys
 import types
 
-__all__ = ["Forbidden", "Guard", "fingerprint", "resolve"]
+__all__ = ["Forbidden", "Guard", "fingerprint", "functions_of", "resolve", "tinymlp_subclasses"]
 
 _DIVERTED = {}  # key -> (guard, the original function, the reason)
 _RAISED = []  # every refusal, in order (a refusal the answer catches is still a refusal)
@@ -122,7 +122,7 @@ def _size(code):
     return sum(1 for ins in dis.get_instructions(code) if ins.opname not in ("CACHE", "RESUME", "NOP"))
 
 
-def _tinymlp_subclasses(cls):
+def tinymlp_subclasses(cls):
     """A class and the classes of tinymlp derived from it (the fast tier derives its versions)."""
     out, stack = [], [cls]
     while stack:
@@ -196,7 +196,7 @@ class Guard:
         self.forbidden = []  # (function, sentence)
         for dotted in ex.forbidden:
             obj = resolve(dotted)
-            for item in _tinymlp_subclasses(obj) if isinstance(obj, type) else [obj]:
+            for item in tinymlp_subclasses(obj) if isinstance(obj, type) else [obj]:
                 module = getattr(item, "__module__", None) or dotted.rsplit(".", 1)[0]
                 for fn in functions_of(item):
                     name = f"{module}.{fn.__qualname__}"
@@ -373,10 +373,17 @@ class Guard:
                 stack.extend(obj)
                 continue
             for fn in functions_of(obj):
-                for code in _codes(fn.__code__):
-                    if code.co_name.startswith("<") or _size(code) < MIN_COPY:
-                        continue  # comprehensions, lambdas and one-liners: alike by necessity
-                    reason = self.reasons.get(fingerprint(code))
-                    if reason:
-                        found.append(f"{fn.__qualname__}: {reason}")
+                found += self.copied(fn.__code__, fn.__qualname__)
         return list(dict.fromkeys(found))
+
+    def copied(self, code, name=None):
+        """Sentences for the functions of compiled ``code`` (nested ones too) that are the forbidden
+        code by content: the grader asks this of the answer's program, compiled and never run."""
+        found = []
+        for c in _codes(code):
+            if c.co_name.startswith("<") or _size(c) < MIN_COPY:
+                continue  # modules, comprehensions, lambdas and one-liners: alike by necessity
+            reason = self.reasons.get(fingerprint(c))
+            if reason:
+                found.append(f"{name or getattr(c, 'co_qualname', c.co_name)}: {reason}")
+        return found

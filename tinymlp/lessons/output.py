@@ -4,7 +4,7 @@ not at all.
 ``target`` is asked before anything is graded, so that a slip costs nothing: it refuses a path
 that is a notebook (by its name, ``.ipynb``, or by its content: a shell pattern such as
 ``-o subs/*/04_layernorm.ipynb`` puts a student's notebook right after ``-o``), one of the inputs
-(a notebook graded, the roster), a folder where a file is meant, a folder that does not exist,
+(a notebook graded, the roster), a folder where a file is meant, a file's folder that does not exist,
 and a file where a folder is meant. ``write`` puts the text in a temporary file beside the target,
 then renames it over the target: a full disk, a size limit or a read-only folder leaves the
 previous results as they were and no temporary file behind. Each refusal is an ``OutputError``
@@ -61,9 +61,7 @@ def target(path, inputs=(), *, folder=False) -> pathlib.Path:
     if folder:
         if path.exists() and not path.is_dir():
             raise OutputError(f"-o {path} is a file: results for several students go in a folder; give a folder")
-        if not path.exists() and not path.parent.is_dir():
-            raise OutputError(f"-o {path}: the folder {path.parent} does not exist")
-        return path
+        return path  # created, with the folders above it, when the results are written
     if path.is_dir():
         raise OutputError(f"-o {path} is a folder: give a file name in it (grades.csv, results.json)")
     if not path.parent.is_dir():

@@ -49,6 +49,8 @@ def table(graded, notes=(), similar=()) -> str:
         for err in g.errors:
             lines.append(f"{g.student}: {pathlib.Path(g.path).name} raised in {err[:110]}")
     lines += list(notes)
+    if any(not g.confined for g in graded):
+        lines.append(UNCONFINED)
     done = sum(r.status == "passed" for r in rows)
     students = len({g.student for g in graded if not g.refused})
     lines.append("")
@@ -66,6 +68,9 @@ def table(graded, notes=(), similar=()) -> str:
     return "\n".join(lines)
 
 
+UNCONFINED = ("unconfined: these submissions ran without the operating system's sandbox (--unconfined), confined by "
+              "Python alone: a determined student could reach the grader's files or leave a process running")
+
 CSV_FIELDS = ("student", "notebook", "exercise", "title", "status", "score", "max_score", "reason", "reproduce",
               "notebook_said", "flags", "section", "reference")
 
@@ -82,6 +87,7 @@ def to_csv(graded) -> str:
 def to_json(graded, seed, notes=(), similar=()) -> str:
     data = {
         "seed": seed,
+        "confined": all(g.confined for g in graded),
         "results": [asdict(r) for r in rows_of(graded)],
         "notebooks": [{"student": g.student, "notebook": g.path, "lesson": g.lesson, "errors": g.errors,
                        "refused": g.refused, "seconds": round(g.seconds, 2)} for g in graded],
@@ -109,7 +115,8 @@ def gradescope(graded) -> dict:
     notes = [f"{pathlib.Path(g.path).name} raised in {e}" for g in graded for e in g.errors]
     notes += [f"not graded: {g.refused}" for g in graded if g.refused]
     total = sum(t["score"] for t in tests)
-    return {
+    unconfined = {"extra_data": {"confined": False}} if any(not g.confined for g in graded) else {}
+    return {**unconfined,
         "score": total,
         "execution_time": int(round(sum(g.seconds for g in graded))),
         "output": f"{sum(t['status'] == 'passed' for t in tests)} of {len(tests)} exercises passed"

@@ -25,8 +25,9 @@ deriving them) and a division by a small step after evaluating a function at shi
 from __future__ import annotations
 
 import ast
+import functools
 
-__all__ = ["ALLOWED_IMPORTS", "flags", "own_apply", "refusals", "unplaced"]
+__all__ = ["ALLOWED_IMPORTS", "copies", "flags", "own_apply", "refusals", "unplaced"]
 
 ALLOWED_IMPORTS = {
     "__future__", "numpy", "math", "cmath", "tinymlp", "checks", "functools", "itertools", "collections",
@@ -251,6 +252,27 @@ def _carries(node, shifts):
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
         return _carries(node.left, shifts) or _carries(node.right, shifts)
     return False
+
+
+def copies(program, ex) -> list:
+    """The answer's functions whose code is the exercise's forbidden code, pasted or renamed (by
+    content: ``forbidden.Guard.copied``), one sentence each; the program is compiled, never run."""
+    guard = _guard(ex)
+    found = []
+    for st in program.statements:
+        try:
+            code = compile(ast.Module(body=[st.node], type_ignores=[]), st.filename, "exec")
+        except (SyntaxError, ValueError):
+            continue
+        found += guard.copied(code)
+    return list(dict.fromkeys(found))
+
+
+@functools.lru_cache(maxsize=None)
+def _guard(ex):
+    from .forbidden import Guard
+
+    return Guard(ex, process=True)
 
 
 def own_apply(program) -> str:

@@ -338,5 +338,17 @@ def _within(err, kind):
     return None
 
 
+def sandboxed(requests, replies):
+    """In an answer's sandbox (``sandbox.py``): read the job, the first message on ``requests``,
+    then serve it."""
+    import json
+
+    from .wire import read_frame
+
+    os.set_inheritable(requests, False)
+    os.set_inheritable(replies, False)
+    serve(json.loads(read_frame(requests)), requests, replies)
+
+
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--zygote":
     zygote(int(sys.argv[2]))
