@@ -243,7 +243,7 @@ dx = np.zeros_like(x)
 for i in np.ndindex(x.shape):
     row = dual_layer_norm_row(x[i[:-1]], gamma, beta, i[-1])
     dx[i] = sum(y.eps * gi for y, gi in zip(row, grad[i[:-1]]))
-""", after=DUAL), "a derived backward takes a few forwards", "defines its own number type, Dual"),
+""", after=DUAL), "did not finish in", "defines its own number type, Dual"),
     "a Jacobian in forward (LayerNorm, dual numbers)": ("04.1", "MyLayerNorm", layer_norm(
         "dx = np.einsum('...ij,...j->...i', ctx.jacobian, grad)", forward="""
 ctx.jacobian = np.zeros(x.shape + x.shape[-1:])
@@ -423,29 +423,55 @@ def _library_source(name):
     return inspect.getsource(getattr(norm, name))
 
 
+KEY_EDITED = """
+axes = tuple(range(grad.ndim - 1))                 # every axis but the last one
+dgamma = (grad * x_hat).sum(axis=axes)
+dbeta = grad.sum(axis=axes)
+
+g = gamma * grad                                   # dL/dx_hat
+dx = r * (g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))
+return dx, dgamma, dbeta
+"""
+INLINED = """
+rows = tuple(range(grad.ndim - 1))              # every axis but the last
+dweight = (grad * x_hat).sum(axis=rows)
+dbias = grad.sum(axis=rows)
+dx_hat = grad if gamma is None else grad * gamma
+return r * (dx_hat - dx_hat.mean(axis=-1, keepdims=True)
+            - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True)), dweight, dbias
+"""
+
+
 @pytest.mark.lessons
-def test_copies_are_flagged_for_the_instructor_and_not_failed(tmp_path, checkout_env):
+def test_copies_are_flagged_for_the_instructor_with_their_evidence_and_not_failed(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
-    submit(folder, "alice", "04_layernorm.ipynb", _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": OWN}))
-    submit(folder, "bob", "04_layernorm.ipynb",
-           _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": RENAMED}))
+    build = LESSONS / "exercises" / "04_layernorm.ipynb"
+    submit(folder, "alice", "04_layernorm.ipynb", _planted(build, {"04.1": OWN}))
+    submit(folder, "bob", "04_layernorm.ipynb", _planted(build, {"04.1": RENAMED}))   # alice's, renamed
     submit(folder, "carol", "04_layernorm.ipynb", nbformat.read(LESSONS / "04_layernorm.ipynb", as_version=4))
-    dave = _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": PASTED})
+    dave = _planted(build, {"04.1": PASTED})
     dave.cells.insert(1, new_code_cell(_library_source("normalize_backward")))
     submit(folder, "dave", "04_layernorm.ipynb", dave)
+    submit(folder, "frank", "04_layernorm.ipynb", _planted(build, {"04.1": KEY_EDITED}))  # the key, four edits
+    submit(folder, "grace", "04_layernorm.ipynb", _planted(build, {"04.1": INLINED}))   # the library's, inlined
     graded, notes, similar = grader.grade_class(sorted(folder.glob("*/*.ipynb")), SEED, execute_first=False)
     rows = {(r.student, r.exercise): r for g in graded for r in g.rows}
-    assert all(rows[s, "04.1"].status == "passed" for s in ("alice", "bob", "carol"))   # flags, not failures
+    assert all(rows[s, "04.1"].status == "passed" for s in ("alice", "bob", "carol", "frank", "grace"))
     assert "the answer's code is tinymlp.ops.norm.normalize_backward" in rows["dave", "04.1"].details   # the guard's
-    assert any("same as student bob" in f for f in rows["alice", "04.1"].flags), rows["alice", "04.1"].flags
-    assert any("same as student alice" in f for f in rows["bob", "04.1"].flags)
-    for ex_id in ("04.1", "04.2"):
-        assert any("same as the worked notebook (04_layernorm.ipynb)" in f for f in rows["carol", ex_id].flags)
-    assert any("same as tinymlp/ops/norm.py (normalize_backward)" in f for f in rows["dave", "04.1"].flags), \
-        rows["dave", "04.1"].flags
-    assert not any("worked notebook" in f for f in rows["alice", "04.1"].flags + rows["bob", "04.1"].flags)
-    assert similar and similar[0].startswith("100%")
-    assert any("alice" in line and "student bob" in line for line in similar)
+    # a pair, both ways, with no direction, and the lines alike as evidence
+    alice, bob = rows["alice", "04.1"].flags, rows["bob", "04.1"].flags
+    assert any("alike with student bob's answer" in f and "which came first the grader cannot tell" in f
+               and "lines alike:" in f for f in alice), alice
+    assert any("alike with student alice's answer" in f for f in bob), bob
+    for student in ("carol", "frank"):
+        flags = rows[student, "04.1"].flags
+        assert any("alike with the worked notebook (04_layernorm.ipynb)" in f and "lines alike:" in f
+                   for f in flags), (student, flags)
+    assert any("alike with the worked notebook" in f for f in rows["carol", "04.2"].flags)
+    assert any("alike with tinymlp/ops/norm.py (LayerNorm.backward)" in f for f in rows["grace", "04.1"].flags), \
+        rows["grace", "04.1"].flags
+    assert not any("worked notebook" in f for f in alice + bob)
+    assert any("alice" in line and "bob" in line for line in similar), similar
     table = grader.reports.table(graded, notes, similar)
     assert "! flagged for the instructor (not failures):" in table and "similar answers" in table
 

@@ -63,6 +63,7 @@ class Row:
     reference: str = ""  # the library file that implements the same thing
     notebook_said: str = ""  # what the notebook's own check printed ("" if it printed nothing)
     flags: list = field(default_factory=list)  # for the instructor: copies, number types, finite differences
+    notes: list = field(default_factory=list)  # for the instructor, not a suspicion: how long it took at scale
     seconds: float = 0.0
 
 
@@ -129,6 +130,8 @@ def grade_answer(nb, ex, seeds, timeout=120, *, confined=None, hide=()) -> dict:
     details, note = checked.details, scan.own_apply(program)
     if checked.status == FAILED and note:
         details = f"{details.rstrip()}\n{note}"
+    if checked.note:
+        base["notes"] = [checked.note]
     return {"status": checked.status, "details": details, "reason": checked.reason,
             "reproduce": checked.reproduce, "seed": checked.seed, "needs": checked.needs, **base}
 
@@ -183,7 +186,8 @@ def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_ti
             submission.student, path.name, ex_id, ex.title, status, 1.0 if status == "passed" else 0.0,
             reason=result.get("reason", ""), details=result.get("details", ""),
             reproduce=result.get("reproduce", ""), section=ex.section, reference=ex.reference,
-            notebook_said=said, flags=list(result.get("flags", [])), seconds=round(time.perf_counter() - t, 2)))
+            notebook_said=said, flags=list(result.get("flags", [])), notes=list(result.get("notes", [])),
+            seconds=round(time.perf_counter() - t, 2)))
     graded.seconds = time.perf_counter() - start
     return graded
 
@@ -240,7 +244,7 @@ def grade_class(paths, seed, *, roster=None, execute_first=True, cell_timeout=60
 def _similar(graded, subs):
     answers = [a for g in graded for a in g.answers]
     lessons = {s.lesson for s in subs if s.lesson}
-    worked, library = {}, {}
+    worked, library, bases = {}, {}, {}
     for lesson in lessons:
         skeleton, worked_nb = _lesson_builds(lesson)
         for ex_id in (k for k in EXERCISES if EXERCISES[k].lesson == lesson):
@@ -250,8 +254,9 @@ def _similar(graded, subs):
                 program = worked_nb.program(ex_id, ex.answer)
                 worked[ex_id] = similarity.written(f"the worked notebook ({worked_nb.label.split('/')[-1]})", ex_id,
                                                    program, stub, student=False)
+            bases[ex_id] = similarity.base(skeleton, worked.get(ex_id))
             library[ex_id] = similarity.library_answers(ex, ROOT)
-    return similarity.compare(answers, worked, library)
+    return similarity.compare(answers, worked, library, bases)
 
 
 # ------------------------------------------------------------------------------ the command line
