@@ -187,23 +187,35 @@ tinymlp.MARKED_BY_THE_ANSWER = True
 """
 
 
-@pytest.mark.parametrize("dx, expected", [
-    ('raise NotImplementedError("exercise 04.1")', "not done"),   # unanswered: stays not done
-    ("dx = 0 * x", "FAILED"),                                      # wrong: fails on its numbers
-    (RIGHT_DX, "passed"),                                          # right: passes on its numbers
-], ids=["unanswered", "wrong", "right"])
-def test_an_answer_that_patches_the_graders_modules_gets_only_its_own_numbers_grade(dx, expected, tmp_path,
-                                                                                   checkout_env):
+@pytest.mark.parametrize("dx", ['raise NotImplementedError("exercise 04.1")', "dx = 0 * x", RIGHT_DX],
+                         ids=["unanswered", "wrong", "right"])
+def test_an_answer_that_patches_the_graders_modules_is_refused_and_changes_nothing_here(dx, tmp_path, checkout_env):
     import tinymlp
 
     result = grade(tmp_path, layer_norm(dx, body=PATCHES), "04.1", "MyLayerNorm")
-    if expected == "passed":
-        assert result["status"] == "passed", result["details"]
-    else:                    # its own numbers: none (the stub raised, then its forged reply is not a gradient), or 0
-        assert result["status"] == "FAILED", result
-        assert ("no gradient reached 'x'" if dx.startswith("dx") else "sent gradients the grader cannot read") \
-            in result["details"], result["details"]
+    assert result["status"] == "FAILED", result
+    assert "reaches into the grader (tinymlp.lessons.forbidden" in result["details"], result["details"]
     assert not hasattr(tinymlp, "MARKED_BY_THE_ANSWER")   # the answer's code never ran in this process
+
+
+def test_patches_in_the_answers_own_process_change_only_its_own_numbers(checkout_env):
+    """Past the scan (the process is sent the program directly), whatever the answer patches in its
+    own process, the serialiser and the worker among them, changes only what it sends."""
+    from tinymlp.lessons.remote import AnswerProcess, RemoteError
+
+    source = "import numpy as np\nimport tinymlp\n" + PATCHES + "\ndef answer(S, C, D_S, D_C):\n    return 0\n"
+    lines = len([n for n in __import__("ast").parse(source).body])
+    job = {"exercise": "06.1", "forbidden": [], "label": "mallory/x.ipynb", "answer": "answer",
+           "cells": {"<mallory/x.ipynb, cell 1>": source},
+           "statements": [["<mallory/x.ipynb, cell 1>", i] for i in range(lines)]}
+    with AnswerProcess(job, timeout=120) as proc:
+        try:
+            value = proc.first["answer"](16, 32, 24, 64) if "answer" in proc.first else None
+        except RemoteError:
+            value = None
+    assert value in (0, None)
+    import tinymlp
+    assert not hasattr(tinymlp, "MARKED_BY_THE_ANSWER")
 
 
 def test_the_grading_process_reads_only_plain_data():
@@ -303,7 +315,52 @@ def my_layer(x):
 
 layer_inputs = (tinymlp.tensor(np.linspace(-2, 2, 12).reshape(3, 4), requires_grad=True),)
 ''', "not from a backward you wrote", None),
+    "one complex step along G gamma, the unit spelled np.emath.sqrt(-1.0)": ("04.1", "MyLayerNorm", layer_norm("""
+unit = np.emath.sqrt(-1.0)
+v = grad * gamma                       # J is symmetric: one complex step along G gamma gives J (G gamma)
+z = x + 1e-20 * unit * v
+mu = z.mean(axis=-1, keepdims=True)
+dx = np.imag((z - mu) / np.sqrt(((z - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)) / 1e-20
+"""), "computes with complex numbers (emath", None),
+    "5-point differences in extended precision (GELU)": ("03.2", "MyGELU", gelu("""
+xl, h = x.astype(np.longdouble), np.longdouble(1e-4)
+f = lambda v: 0.5 * v * (1 + np.tanh(np.longdouble(C0) * (v + np.longdouble(C1) * v ** 3)))
+return grad * np.asarray((8 * (f(xl + h) - f(xl - h)) - (f(xl + 2 * h) - f(xl - 2 * h))) / (12 * h), dtype=x.dtype)
+"""), None, "computes in extended precision (longdouble"),
+    "dual numbers whose operators are assigned (GELU)": ("03.2", "MyGELU", gelu("""
+d = Dual(x, np.ones_like(x))
+inner = d * C0 + d * d * d * (C0 * C1)
+t = np.tanh(inner.a)
+return grad * (d * 0.5 * Dual(t, (1 - t * t) * inner.eps) + d * 0.5).eps
+""", after="""
+class Dual:
+    def __init__(self, a, eps=0.0):
+        self.a, self.eps = a, eps
+
+
+Dual.__add__ = lambda s, o: Dual(s.a + o.a, s.eps + o.eps) if isinstance(o, Dual) else Dual(s.a + o, s.eps)
+Dual.__mul__ = lambda s, o: (Dual(s.a * o.a, s.a * o.eps + s.eps * o.a) if isinstance(o, Dual)
+                             else Dual(s.a * o, s.eps * o))
+"""), None, "gives a type arithmetic operators at run time"),
 }
+SCAN_BYPASSES = {
+    "attrgetter with a name built at run time": ("import operator\ngetter = operator.attrgetter('__glo' + 'bals__')",
+                                                "attribute name built at run time"),
+    "attrgetter of a refused attribute": ("import operator\nframe = operator.attrgetter('f_back')",
+                                          "uses .f_back"),
+    "the grader's guard": ("import tinymlp.lessons.forbidden as guard\nguard._DIVERTED.clear()",
+                           "reaches into the grader (tinymlp.lessons.forbidden"),
+    "the guard through tinymlp's attributes": ("import tinymlp\ntinymlp.lessons.forbidden.Guard = None",
+                                               "reaches into the grader (tinymlp.lessons.forbidden"),
+    "exec through np.vectorize and the built-ins": ("run = np.vectorize(print.__self__.exec)", "uses .__self__"),
+}
+
+
+@pytest.mark.parametrize("name", list(SCAN_BYPASSES))
+def test_ways_around_the_scan_are_refused_with_the_construct(name, tmp_path, checkout_env):
+    before, reason = SCAN_BYPASSES[name]
+    result = grade(tmp_path, layer_norm(before + "\n" + RIGHT_DX), "04.1", "MyLayerNorm")   # inside backward
+    assert result["status"] == "FAILED" and reason in result["details"], (name, result["details"])
 
 
 @pytest.mark.parametrize("name", list(DERIVED))

@@ -125,6 +125,8 @@ def grade_answer(nb, ex, seeds, timeout=120, *, confined=None, hide=()) -> dict:
                 return {**_result(FAILED, text), **base}
             checked = run_check(ex.id, first.get("answer"), seeds=tuple(seeds), answer_text=program.answer,
                                 remote=proc)
+            if ex.derived:
+                base["flags"] = base["flags"] + _number_types(proc, base["flags"])
     except (AnswerTimeout, ChannelError, RemoteError) as err:
         return {**_result(FAILED, getattr(err, "details", None) or str(err)), **base}
     details, note = checked.details, scan.own_apply(program)
@@ -134,6 +136,17 @@ def grade_answer(nb, ex, seeds, timeout=120, *, confined=None, hide=()) -> dict:
         base["notes"] = [checked.note]
     return {"status": checked.status, "details": details, "reason": checked.reason,
             "reproduce": checked.reproduce, "seed": checked.seed, "needs": checked.needs, **base}
+
+
+def _number_types(proc, flagged):
+    """Flags for the answer's own number types its process found that the scan of its code did not."""
+    try:
+        found = proc.evidence()
+    except (AnswerTimeout, ChannelError, RemoteError):
+        return []
+    named = " ".join(flagged)
+    return [f"defines its own number type, {kind}, at run time: dual numbers compute a derivative without deriving "
+            "it" for kind in found if kind.split(" ")[0].split(".")[-1] not in named]
 
 
 def grade_exercise(path, label, ex_id, seeds, timeout=120, *, confined=None) -> dict:

@@ -265,6 +265,10 @@ class AnswerProcess:
         """The refusals the answer's process recorded (the answer may have caught them)."""
         return [str(v) for v in self.request("violations").get("value", [])]
 
+    def evidence(self):
+        """The answer's own number types (classes with arithmetic operators), as its process saw them."""
+        return [str(v) for v in self.request("evidence").get("value", [])]
+
     def backwards(self):
         """Names of the answer's own Functions whose backward has run."""
         return {str(v) for v in self.request("backwards").get("value", [])}
