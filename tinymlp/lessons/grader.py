@@ -108,7 +108,8 @@ def grade_answer(nb, ex, seeds, timeout=120, *, confined=None, hide=()) -> dict:
         details = (f"the notebook defines no {program.answer} (the answer to exercise {ex.id})"
                    + (f"; cells with a syntax error: {'; '.join(nb.syntax_errors)}" if nb.syntax_errors else ""))
         return {**_result(NOT_DONE, details), **base}
-    problems = scan.refusals(program, ex) or scan.copies(program, ex)
+    base["flags"] = base["flags"] + scan.copies(program, ex)
+    problems = scan.refusals(program, ex)
     if problems:
         return {**_result(FAILED, "\n".join(problems)), **base}
     try:

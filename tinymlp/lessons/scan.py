@@ -362,8 +362,9 @@ def _carries(node, shifts):
 
 
 def copies(program, ex) -> list:
-    """The answer's functions whose code is the exercise's forbidden code, pasted or renamed (by
-    content: ``forbidden.Guard.copied``), one sentence each; the program is compiled, never run."""
+    """Flags for the answer's functions whose code is the exercise's forbidden code instruction for
+    instruction, pasted or renamed (by content: ``forbidden.Guard.copied``); the program is
+    compiled, never run. A flag, not a refusal: a short canonical formula can come out the same."""
     guard = _guard(ex)
     found = []
     for st in program.statements:
@@ -371,7 +372,9 @@ def copies(program, ex) -> list:
             code = compile(ast.Module(body=[st.node], type_ignores=[]), st.filename, "exec")
         except (SyntaxError, ValueError):
             continue
-        found += guard.copied(code)
+        found += [f"{line.replace(': write it yourself', '')} (instruction for instruction, names aside; "
+                  f"{_at(st, st.node)[1:-1]})"
+                  for line in guard.copied(code)]
     return list(dict.fromkeys(found))
 
 

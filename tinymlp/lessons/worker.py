@@ -51,8 +51,8 @@ KEEP_GRAPHS = 64  # recorded calls kept for a backward (gradcheck records one or
 class _Exercise:
     """What the guard needs to know of an exercise (the checks are not loaded here)."""
 
-    def __init__(self, ex_id, forbidden):
-        self.id, self.forbidden = ex_id, tuple(forbidden)
+    def __init__(self, ex_id, forbidden, derived=False):
+        self.id, self.forbidden, self.derived = ex_id, tuple(forbidden), derived
 
 
 def zygote(fd):
@@ -120,7 +120,7 @@ def serve(job, requests, replies):
     from .confine import confine
     from .forbidden import Guard
 
-    guard = Guard(_Exercise(job["exercise"], job.get("forbidden", ())), process=True)
+    guard = Guard(_Exercise(job["exercise"], job.get("forbidden", ()), bool(job.get("derived"))), process=True)
     guard.__enter__()
     server = _Server(guard, requests, replies)
     statements, answer_code, files = _compile(job)
