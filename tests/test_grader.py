@@ -440,6 +440,10 @@ def mixer_block_parameters(S, C, D_S, D_C):
     "a module reached through tinymlp's": ("04.1", ln_with("""
 tinymlp.lessons.forbidden.sys.settrace(None)
 dx = 0 * x
+"""), "reaches into the grader (tinymlp.lessons.forbidden"),
+    "a module reached through numpy's": ("04.1", ln_with("""
+np.core.numeric.sys.settrace(None)
+dx = 0 * x
 """), "uses .settrace"),
 }
 

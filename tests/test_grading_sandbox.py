@@ -89,7 +89,9 @@ def test_a_notebook_sees_neither_the_answer_key_nor_the_classmates_nor_the_netwo
     probes = {"the answer key": f"open({str(KEY)!r}).read()", "a classmate": f"open({str(bob)!r}).read()",
               "the checkout": f"__import__('os').listdir({str(ROOT)!r})",
               "the network": f"__import__('socket').create_connection(('127.0.0.1', {port}), timeout=2)",
-              "a file outside": f"open({str(tmp_path / 'planted')!r}, 'w').write('x')"}
+              "a file outside": f"open({str(tmp_path / 'planted')!r}, 'w').write('x')",
+              "the grader's files": "open('/sandbox/lib/tinymlp/lessons/grader.py', 'a').write('#')",
+              "a classmate, to write": f"open({str(bob)!r}, 'a').write('#')"}
     source = "reached = []\n" + "".join(f"try:\n    {code}\n    reached.append({what!r})\nexcept Exception:\n    pass\n"
                                         for what, code in probes.items()) + "print('reached:', reached)"
     path = submit(tmp_path / "subs", "mallory", "04_layernorm.ipynb", source)

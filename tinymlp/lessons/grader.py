@@ -8,17 +8,22 @@
 from the submission folders, the roster and the file names (``identity.py``). Then for each
 notebook the grader
 
-1. runs it from top to bottom in a fresh kernel (nbclient; a cell that raises does not stop
-   the rest), to report the cells that raise and what the notebook's own checks printed;
+1. runs it from top to bottom in a fresh kernel, in a sandbox of its own (``execute.py``,
+   ``sandbox.py``; a cell that raises does not stop the rest), to report the cells that raise and
+   what the notebook's own checks printed;
 2. grades each exercise of its lesson: the program that defines the answer is read from the
-   notebook (``notebook.py``) and scanned (``scan.py``); it runs in a process of its own
-   (``worker.py``), confined and with the library code of the exercise unavailable, which only
-   computes the answer's outputs and gradients on inputs the grader sends. The inputs, the
-   references, the hidden case's seed, the comparisons, the cost and the grade stay in this
-   process, which never runs or imports the student's code (``remote.py``).
+   notebook (``notebook.py``) and scanned (``scan.py``); it runs in a sandbox of its own whose
+   library is the exercise's student edition (``edition.py``: the exercise's library code
+   absent), in a process (``worker.py``) that only computes the answer's outputs and gradients on
+   inputs the grader sends. The inputs, the references, the hidden case's seed, the comparisons,
+   the cost and the grade stay in this process, which never runs or imports the student's code
+   (``remote.py``).
 
 Last, the answers are compared with each other, with the worked notebooks and with the
-library's code (``similarity.py``), and copies are flagged for the instructor.
+library's code, after removing what the lesson hands out (``similarity.py``), and copies are
+flagged for the instructor with the lines alike. The results go where ``-o`` says, never over a
+notebook or an input, and whole (``output.py``). Where no sandbox can start, the grader grades
+only with ``--unconfined`` (Python's confinement alone), and every report says so.
 
 Nothing the notebook prints or changes in its kernel enters a grade: a notebook whose output
 says ``passed`` for an exercise the grader fails is marked, for the instructor to look at.

@@ -1,7 +1,9 @@
 """The grader's side of an answer that runs in a process of its own.
 
-``AnswerProcess(job)`` starts the process that runs one answer (``worker.py``) and talks to it in
-plain data (``wire.py``). What the answer is comes back as stand-ins that the checks use exactly
+``AnswerProcess(job)`` starts the process that runs one answer (``worker.py``), in a sandbox of
+its own whose library is the exercise's student edition (``sandbox.py``, ``edition.py``; with
+``confined=False``, forked from a process that loaded tinymlp), and talks to it in plain data
+(``wire.py``). What the answer is comes back as stand-ins that the checks use exactly
 as they would use the answer itself:
 
 * a Function class: a ``Function`` of the grading process whose forward sends the input arrays

@@ -119,7 +119,7 @@ class Sandbox:
         self.hide = [os.path.realpath(p) for p in (ROOT, *hide)]
         self.scratch = pathlib.Path(tempfile.mkdtemp(prefix="tinymlp-sandbox-"))
         self.scratch.chmod(0o777)  # the sandbox's user writes here (the files stay the grader's user's outside)
-        self.process = None
+        self.process = self.said = None
         self.child = None  # the sandbox's first process, as this process sees it
 
     def argv(self, command, env=None, info_fd=None) -> list:
@@ -154,10 +154,11 @@ class Sandbox:
         """Run ``command`` (its ``argv[0]`` as the sandbox sees it) in the sandbox; ``pass_fds``
         stay open in it under their numbers."""
         info_r, info_w = os.pipe()
+        self.said = tempfile.TemporaryFile()  # what bubblewrap (and the sandbox) write to stderr: read, never waited on
         try:
             self.process = subprocess.Popen(self.argv(command, env, info_w), pass_fds=(info_w, *pass_fds),
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE, start_new_session=True)
+                                            stderr=self.said, start_new_session=True)
         finally:
             os.close(info_w)
         try:
@@ -168,9 +169,10 @@ class Sandbox:
 
     def errors(self) -> str:
         """What bubblewrap itself said, when the sandbox did not start (read once it has ended)."""
-        if self.process is None or self.process.stderr is None or self.process.poll() is None:
+        if self.process is None or self.said is None or self.process.poll() is None:
             return ""
-        text = self.process.stderr.read().decode(errors="replace")
+        self.said.seek(0)
+        text = self.said.read(1 << 16).decode(errors="replace")
         return " ".join(line for line in text.splitlines() if line.startswith("bwrap:"))[:300]
 
     def end(self):
@@ -186,8 +188,9 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-            if self.process.stderr is not None:
-                self.process.stderr.close()
+            if self.said is not None:
+                self.said.close()
+                self.said = None
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self):
@@ -199,16 +202,14 @@ class Sandbox:
 
 
 def _child_pid(fd, deadline):
+    """The sandbox's first process, from bubblewrap's ``--info-fd`` JSON, read to its end (closing
+    the pipe before bubblewrap has written it all would end bubblewrap with SIGPIPE)."""
     data = b""
     while True:
-        match = re.search(rb'"child-pid":\s*(\d+)\D', data)
-        if match:
-            return int(match.group(1))
         left = deadline - time.monotonic()
         ready, _, _ = select.select([fd], [], [], max(left, 0))
-        if not ready:
-            return None
-        chunk = os.read(fd, 4096)
+        chunk = os.read(fd, 4096) if ready else b""
         if not chunk:
-            return None
+            match = re.search(rb'"child-pid":\s*(\d+)\D', data)
+            return int(match.group(1)) if match else None
         data += chunk
