@@ -34,6 +34,9 @@ nbformat = pytest.importorskip("nbformat")
 from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
 
 from tinymlp.lessons import grader, reports  # noqa: E402
+from tinymlp.lessons.sandbox import unavailable  # noqa: E402
+
+UNCONFINED = ["--unconfined"] if unavailable() else []   # the grader grades only with it where no sandbox starts
 
 SEED = 12345
 
@@ -109,7 +112,7 @@ def lesson4_class(tmp_path):
 
 
 def grade_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, str(CHECKS), "--seed", str(SEED), *map(str, args)],
+    return subprocess.run([sys.executable, str(CHECKS), "--seed", str(SEED), *UNCONFINED, *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -226,6 +229,7 @@ GRADESCOPE_SCHEMA = {
 def test_gradescope_results_validate_against_the_documented_format(lesson4_class, tmp_path, checkout_env):
     jsonschema = pytest.importorskip("jsonschema")
     one = tmp_path / "results" / "results.json"
+    one.parent.mkdir()
     out = grade_cli("--gradescope", "--no-execute", "-o", one, lesson4_class / "bob" / "04_layernorm.ipynb")
     assert out.returncode == 1, out.stderr
     result = json.loads(one.read_text())
@@ -441,6 +445,10 @@ def mixer_block_parameters(S, C, D_S, D_C):
 """, "uses __builtins__"),
     "a module reached through tinymlp's": ("04.1", ln_with("""
 tinymlp.lessons.forbidden.sys.settrace(None)
+dx = 0 * x
+"""), "reaches into the grader (tinymlp.lessons.forbidden"),
+    "a module reached through numpy's": ("04.1", ln_with("""
+np.core.numeric.sys.settrace(None)
 dx = 0 * x
 """), "uses .settrace"),
 }

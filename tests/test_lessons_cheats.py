@@ -28,6 +28,9 @@ nbformat = pytest.importorskip("nbformat")
 from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
 
 from tinymlp.lessons import grader  # noqa: E402
+from tinymlp.lessons.sandbox import unavailable  # noqa: E402
+
+UNCONFINED = ["--unconfined"] if unavailable() else []   # the grader grades only with it where no sandbox starts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LESSONS = ROOT / "lessons"
@@ -187,23 +190,35 @@ tinymlp.MARKED_BY_THE_ANSWER = True
 """
 
 
-@pytest.mark.parametrize("dx, expected", [
-    ('raise NotImplementedError("exercise 04.1")', "not done"),   # unanswered: stays not done
-    ("dx = 0 * x", "FAILED"),                                      # wrong: fails on its numbers
-    (RIGHT_DX, "passed"),                                          # right: passes on its numbers
-], ids=["unanswered", "wrong", "right"])
-def test_an_answer_that_patches_the_graders_modules_gets_only_its_own_numbers_grade(dx, expected, tmp_path,
-                                                                                   checkout_env):
+@pytest.mark.parametrize("dx", ['raise NotImplementedError("exercise 04.1")', "dx = 0 * x", RIGHT_DX],
+                         ids=["unanswered", "wrong", "right"])
+def test_an_answer_that_patches_the_graders_modules_is_refused_and_changes_nothing_here(dx, tmp_path, checkout_env):
     import tinymlp
 
     result = grade(tmp_path, layer_norm(dx, body=PATCHES), "04.1", "MyLayerNorm")
-    if expected == "passed":
-        assert result["status"] == "passed", result["details"]
-    else:                    # its own numbers: none (the stub raised, then its forged reply is not a gradient), or 0
-        assert result["status"] == "FAILED", result
-        assert ("no gradient reached 'x'" if dx.startswith("dx") else "sent gradients the grader cannot read") \
-            in result["details"], result["details"]
+    assert result["status"] == "FAILED", result
+    assert "reaches into the grader (tinymlp.lessons.forbidden" in result["details"], result["details"]
     assert not hasattr(tinymlp, "MARKED_BY_THE_ANSWER")   # the answer's code never ran in this process
+
+
+def test_patches_in_the_answers_own_process_change_only_its_own_numbers(checkout_env):
+    """Past the scan (the process is sent the program directly), whatever the answer patches in its
+    own process, the serialiser and the worker among them, changes only what it sends."""
+    from tinymlp.lessons.remote import AnswerProcess, RemoteError
+
+    source = "import numpy as np\nimport tinymlp\n" + PATCHES + "\ndef answer(S, C, D_S, D_C):\n    return 0\n"
+    lines = len([n for n in __import__("ast").parse(source).body])
+    job = {"exercise": "06.1", "forbidden": [], "label": "mallory/x.ipynb", "answer": "answer",
+           "cells": {"<mallory/x.ipynb, cell 1>": source},
+           "statements": [["<mallory/x.ipynb, cell 1>", i] for i in range(lines)]}
+    with AnswerProcess(job, timeout=120) as proc:
+        try:
+            value = proc.first["answer"](16, 32, 24, 64) if "answer" in proc.first else None
+        except RemoteError:
+            value = None
+    assert value in (0, None)
+    import tinymlp
+    assert not hasattr(tinymlp, "MARKED_BY_THE_ANSWER")
 
 
 def test_the_grading_process_reads_only_plain_data():
@@ -243,7 +258,7 @@ dx = np.zeros_like(x)
 for i in np.ndindex(x.shape):
     row = dual_layer_norm_row(x[i[:-1]], gamma, beta, i[-1])
     dx[i] = sum(y.eps * gi for y, gi in zip(row, grad[i[:-1]]))
-""", after=DUAL), "a derived backward takes a few forwards", "defines its own number type, Dual"),
+""", after=DUAL), "did not finish in", "defines its own number type, Dual"),
     "a Jacobian in forward (LayerNorm, dual numbers)": ("04.1", "MyLayerNorm", layer_norm(
         "dx = np.einsum('...ij,...j->...i', ctx.jacobian, grad)", forward="""
 ctx.jacobian = np.zeros(x.shape + x.shape[-1:])
@@ -292,7 +307,7 @@ def my_backward(g, xh, rs):
     mean_g = g.mean(axis=-1, keepdims=True)
     mean_gx = (g * xh).mean(axis=-1, keepdims=True)
     return rs * (g - mean_g - xh * mean_gx)
-'''), "the answer's code is tinymlp.ops.norm.normalize_backward", None),
+'''), None, "the answer's code is tinymlp.ops.norm.normalize_backward"),
     "the library's Function as the layer of one's own": ("10.3", "(my_layer, layer_inputs)", '''
 import numpy as np
 import tinymlp
@@ -302,8 +317,114 @@ def my_layer(x):
     return F.gelu(x)
 
 layer_inputs = (tinymlp.tensor(np.linspace(-2, 2, 12).reshape(3, 4), requires_grad=True),)
-''', "not from a backward you wrote", None),
+''', "tinymlp.ops.activation.GELU.forward", None),
+    "a library op inside a do-nothing Function of one's own": ("10.3", "(my_layer, layer_inputs)", '''
+import numpy as np
+import tinymlp
+from tinymlp import F, Function
+
+
+class Mine(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def my_layer(x):
+    return Mine.apply(F.gelu(x))
+
+layer_inputs = (tinymlp.tensor(np.linspace(-2, 2, 12).reshape(3, 4), requires_grad=True),)
+''', "a library op, while its own code runs", None),
+    "a Function whose forward and backward are the library's": ("10.3", "(my_layer, layer_inputs)", '''
+import numpy as np
+import tinymlp
+from tinymlp import Function
+from tinymlp.ops.activation import GELU
+
+
+class Mine(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return GELU.forward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return GELU.backward(ctx, grad)
+
+
+def my_layer(x):
+    return Mine.apply(x)
+
+layer_inputs = (tinymlp.tensor(np.linspace(-2, 2, 12).reshape(3, 4), requires_grad=True),)
+''', "tinymlp.ops.activation.GELU.forward", None),
+    "a backward that calls another op's backward (Swish through Sigmoid's)": ("10.2", "SwishFunction", '''
+import numpy as np
+from tinymlp import Function
+from tinymlp.ops.activation import GELU
+
+
+class SwishFunction(Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = 1 / (1 + np.exp(-x))
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, s = ctx.saved_tensors
+        return GELU.backward(ctx, grad) * 0 + grad * (s + x * s * (1 - s))
+''', "a library op, while its own code runs", None),
+    "one complex step along G gamma, the unit spelled np.emath.sqrt(-1.0)": ("04.1", "MyLayerNorm", layer_norm("""
+unit = np.emath.sqrt(-1.0)
+v = grad * gamma                       # J is symmetric: one complex step along G gamma gives J (G gamma)
+z = x + 1e-20 * unit * v
+mu = z.mean(axis=-1, keepdims=True)
+dx = np.imag((z - mu) / np.sqrt(((z - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)) / 1e-20
+"""), "computes with complex numbers (emath", None),
+    "5-point differences in extended precision (GELU)": ("03.2", "MyGELU", gelu("""
+xl, h = x.astype(np.longdouble), np.longdouble(1e-4)
+f = lambda v: 0.5 * v * (1 + np.tanh(np.longdouble(C0) * (v + np.longdouble(C1) * v ** 3)))
+return grad * np.asarray((8 * (f(xl + h) - f(xl - h)) - (f(xl + 2 * h) - f(xl - 2 * h))) / (12 * h), dtype=x.dtype)
+"""), None, "computes in extended precision (longdouble"),
+    "dual numbers whose operators are assigned (GELU)": ("03.2", "MyGELU", gelu("""
+d = Dual(x, np.ones_like(x))
+inner = d * C0 + d * d * d * (C0 * C1)
+t = np.tanh(inner.a)
+return grad * (d * 0.5 * Dual(t, (1 - t * t) * inner.eps) + d * 0.5).eps
+""", after="""
+class Dual:
+    def __init__(self, a, eps=0.0):
+        self.a, self.eps = a, eps
+
+
+Dual.__add__ = lambda s, o: Dual(s.a + o.a, s.eps + o.eps) if isinstance(o, Dual) else Dual(s.a + o, s.eps)
+Dual.__mul__ = lambda s, o: (Dual(s.a * o.a, s.a * o.eps + s.eps * o.a) if isinstance(o, Dual)
+                             else Dual(s.a * o, s.eps * o))
+"""), None, "gives a type arithmetic operators at run time"),
 }
+SCAN_BYPASSES = {
+    "attrgetter with a name built at run time": ("import operator\ngetter = operator.attrgetter('__glo' + 'bals__')",
+                                                "attribute name built at run time"),
+    "attrgetter of a refused attribute": ("import operator\nframe = operator.attrgetter('f_back')",
+                                          "uses .f_back"),
+    "the grader's guard": ("import tinymlp.lessons.forbidden as guard\nguard._DIVERTED.clear()",
+                           "reaches into the grader (tinymlp.lessons.forbidden"),
+    "the guard through tinymlp's attributes": ("import tinymlp\ntinymlp.lessons.forbidden.Guard = None",
+                                               "reaches into the grader (tinymlp.lessons.forbidden"),
+    "exec through np.vectorize and the built-ins": ("run = np.vectorize(print.__self__.exec)", "uses .__self__"),
+}
+
+
+@pytest.mark.parametrize("name", list(SCAN_BYPASSES))
+def test_ways_around_the_scan_are_refused_with_the_construct(name, tmp_path, checkout_env):
+    before, reason = SCAN_BYPASSES[name]
+    result = grade(tmp_path, layer_norm(before + "\n" + RIGHT_DX), "04.1", "MyLayerNorm")   # inside backward
+    assert result["status"] == "FAILED" and reason in result["details"], (name, result["details"])
 
 
 @pytest.mark.parametrize("name", list(DERIVED))
@@ -423,30 +544,56 @@ def _library_source(name):
     return inspect.getsource(getattr(norm, name))
 
 
+KEY_EDITED = """
+axes = tuple(range(grad.ndim - 1))                 # every axis but the last one
+dgamma = (grad * x_hat).sum(axis=axes)
+dbeta = grad.sum(axis=axes)
+
+g = gamma * grad                                   # dL/dx_hat
+dx = r * (g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))
+return dx, dgamma, dbeta
+"""
+INLINED = """
+rows = tuple(range(grad.ndim - 1))              # every axis but the last
+dweight = (grad * x_hat).sum(axis=rows)
+dbias = grad.sum(axis=rows)
+dx_hat = grad if gamma is None else grad * gamma
+return r * (dx_hat - dx_hat.mean(axis=-1, keepdims=True)
+            - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True)), dweight, dbias
+"""
+
+
 @pytest.mark.lessons
 @pytest.mark.slow
-def test_copies_are_flagged_for_the_instructor_and_not_failed(tmp_path, checkout_env):
+def test_copies_are_flagged_for_the_instructor_with_their_evidence_and_not_failed(tmp_path, checkout_env):
     folder = tmp_path / "submissions"
-    submit(folder, "alice", "04_layernorm.ipynb", _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": OWN}))
-    submit(folder, "bob", "04_layernorm.ipynb",
-           _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": RENAMED}))
+    build = LESSONS / "exercises" / "04_layernorm.ipynb"
+    submit(folder, "alice", "04_layernorm.ipynb", _planted(build, {"04.1": OWN}))
+    submit(folder, "bob", "04_layernorm.ipynb", _planted(build, {"04.1": RENAMED}))   # alice's, renamed
     submit(folder, "carol", "04_layernorm.ipynb", nbformat.read(LESSONS / "04_layernorm.ipynb", as_version=4))
-    dave = _planted(LESSONS / "exercises" / "04_layernorm.ipynb", {"04.1": PASTED})
+    dave = _planted(build, {"04.1": PASTED})
     dave.cells.insert(1, new_code_cell(_library_source("normalize_backward")))
     submit(folder, "dave", "04_layernorm.ipynb", dave)
+    submit(folder, "frank", "04_layernorm.ipynb", _planted(build, {"04.1": KEY_EDITED}))  # the key, four edits
+    submit(folder, "grace", "04_layernorm.ipynb", _planted(build, {"04.1": INLINED}))   # the library's, inlined
     graded, notes, similar = grader.grade_class(sorted(folder.glob("*/*.ipynb")), SEED, execute_first=False)
     rows = {(r.student, r.exercise): r for g in graded for r in g.rows}
-    assert all(rows[s, "04.1"].status == "passed" for s in ("alice", "bob", "carol"))   # flags, not failures
-    assert "the answer's code is tinymlp.ops.norm.normalize_backward" in rows["dave", "04.1"].details   # the guard's
-    assert any("same as student bob" in f for f in rows["alice", "04.1"].flags), rows["alice", "04.1"].flags
-    assert any("same as student alice" in f for f in rows["bob", "04.1"].flags)
-    for ex_id in ("04.1", "04.2"):
-        assert any("same as the worked notebook (04_layernorm.ipynb)" in f for f in rows["carol", ex_id].flags)
-    assert any("same as tinymlp/ops/norm.py (normalize_backward)" in f for f in rows["dave", "04.1"].flags), \
-        rows["dave", "04.1"].flags
-    assert not any("worked notebook" in f for f in rows["alice", "04.1"].flags + rows["bob", "04.1"].flags)
-    assert similar and similar[0].startswith("100%")
-    assert any("alice" in line and "student bob" in line for line in similar)
+    assert all(rows[s, "04.1"].status == "passed" for s in ("alice", "bob", "carol", "dave", "frank", "grace"))
+    assert any("the answer's code is tinymlp.ops.norm.normalize_backward" in f for f in rows["dave", "04.1"].flags)
+    # a pair, both ways, with no direction, and the lines alike as evidence
+    alice, bob = rows["alice", "04.1"].flags, rows["bob", "04.1"].flags
+    assert any("alike with student bob's answer" in f and "which came first the grader cannot tell" in f
+               and "lines alike:" in f for f in alice), alice
+    assert any("alike with student alice's answer" in f for f in bob), bob
+    for student in ("carol", "frank"):
+        flags = rows[student, "04.1"].flags
+        assert any("alike with the worked notebook (04_layernorm.ipynb)" in f and "lines alike:" in f
+                   for f in flags), (student, flags)
+    assert any("alike with the worked notebook" in f for f in rows["carol", "04.2"].flags)
+    assert any("alike with tinymlp/ops/norm.py (LayerNorm.backward)" in f for f in rows["grace", "04.1"].flags), \
+        rows["grace", "04.1"].flags
+    assert not any("worked notebook" in f for f in alice + bob)
+    assert any("alice" in line and "bob" in line for line in similar), similar
     table = grader.reports.table(graded, notes, similar)
     assert "! flagged for the instructor (not failures):" in table and "similar answers" in table
 
@@ -464,7 +611,8 @@ WRONG_06 = RIGHT_06.replace("return 4 * C", "return 0 * C")
 
 
 def grade_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, str(CHECKS), "--seed", str(SEED), "--no-execute", *map(str, args)],
+    return subprocess.run([sys.executable, str(CHECKS), "--seed", str(SEED), "--no-execute", *UNCONFINED,
+                           *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
 
 

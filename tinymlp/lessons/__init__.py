@@ -20,11 +20,14 @@ The parts: ``registry.py`` (what an exercise is), ``checks/`` (the checks, one f
 ``runner.py`` (running one check, the messages), ``cost.py`` (a derived backward's cost),
 ``forbidden.py`` (the library code an answer may not use, made unavailable to it), and for the
 grader: ``notebook.py`` (an answer's code read from a notebook), ``scan.py`` (what that code may
-not contain), ``identity.py`` (whose notebook, which lesson), ``worker.py`` (the process that runs
-one answer), ``confine.py`` (what that process may not do), ``wire.py`` (the plain data that
-crosses between the processes), ``remote.py`` (the grader's stand-ins for an answer in its own
-process), ``similarity.py`` (copies flagged), ``reports.py`` (table, CSV, JSON, Gradescope) and
-``grader.py`` (a class's notebooks, graded).
+not contain), ``identity.py`` (whose notebook, which lesson), ``sandbox.py`` (the operating
+system's sandbox everything a submission runs starts in), ``edition.py`` (the library an answer's
+sandbox sees), ``execute.py`` (a notebook run in its kernel), ``worker.py`` (the process that runs
+one answer), ``confine.py`` (what that process may not do, Python's second layer), ``wire.py``
+(the plain data that crosses between the processes), ``remote.py`` (the grader's stand-ins for an
+answer in its own process), ``similarity.py`` (copies flagged), ``reports.py`` (table, CSV, JSON,
+Gradescope), ``output.py`` (where results are written) and ``grader.py`` (a class's notebooks,
+graded).
 
 The checks are registered when first needed (``check``, ``EXERCISES``), so that the process
 that runs a student's answer never loads them.

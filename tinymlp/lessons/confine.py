@@ -1,6 +1,10 @@
 """What an answer's process may not do: write files, start processes, reach the network or other
 processes, load native code, read files outside the libraries, or rework code at run time.
 
+This is the second layer: the first is the operating system's sandbox the process runs in
+(``sandbox.py``), which shows it nothing to write, no network, no other process and no library
+code of the exercise. Where the grader runs ``--unconfined`` these barriers are all there is.
+
 The grader runs each answer in a process of its own (``worker.py``). Before the answer's code
 runs there, ``confine`` sets two barriers that the code cannot take down again:
 

@@ -1,25 +1,24 @@
-"""Derived, not estimated: what a Function answer's forward and backward cost.
+"""A Function answer at scale: its values on a large input, and what its forward and backward cost.
 
-A backward derived by hand costs about one forward: a handful of array operations over the
-inputs. A gradient estimated element by element costs a forward per input element (finite
-differences, Richardson's refinements of them, complex steps) or carries that many components
-through one forward (dual numbers): on an input of 32 x 1024 elements, hundreds to thousands of
-forwards. ``judge`` times the answer on such an input (``Exercise.cost``) against a plain NumPy
-forward of the same op timed the same way, the yardstick, and fails an answer whose forward or
-backward takes longer than ``FLOOR + RATIO`` yardsticks, with that reason. The forward is
-bounded too: an answer could compute the whole Jacobian there and make its backward cheap.
+The public and hidden cases are small. ``judge`` also runs the answer once on a large input
+(``Exercise.cost``: 32 x 1024 elements or so) and compares what it gives there with the
+reference: the forward with the plain NumPy forward, each gradient through exact directional
+derivatives of that forward (a complex step along random directions: the reference's own
+functions are analytic, so this is exact to rounding). An answer that special-cases large
+inputs (zeros there, to pass the timing) fails with that reason.
 
-The margin is wide on both sides: the course's worked answers take 1 to 5 yardsticks (a loop
-over the rows of a batch, 10 to 30); an element-by-element estimate takes over 500 even where
-it perturbs one column of every row at once. The yardstick is the grader's own forward,
-measured next to the answer, so a slow or loaded machine slows both. A remote answer is timed
-from the grading process (the time to send its inputs and read its result), so it cannot
-report its own times; a backward still running at four times the limit is stopped.
+The time is measured too, against a plain NumPy forward of the same op timed the same way, the
+yardstick, and only noted, never failed: a correct answer that is slow passes. A derived
+backward on whole arrays takes 1 to 5 yardsticks; one with a Python loop over rows 10 to 30,
+over elements a few hundred. Past ``FLOOR + RATIO`` yardsticks the row gets a timing note that
+says how long it took and how many forwards that is, and names no method. Past ``CEILING``
+yardsticks (at least ``LEAST`` seconds) the call is stopped, and the answer fails with the time
+it took: it cannot be checked at scale. A remote answer is timed from the grading process (the
+time to send its inputs and read its result), so it cannot report its own times.
 
-An elementwise op (GELU, Swish) is the exception that cost cannot settle: its whole derivative
-is one vectorised difference of two forwards away. Its exactness (``checks/common.py: EXACT``),
-the complex numbers refused and the number types flagged in the answer's code
-(``scan.py``) are what speak there.
+An estimate of the gradient element by element (finite differences, complex steps, dual
+numbers) is caught by its exactness (``checks/common.py: EXACT``), by the complex numbers refused
+and the constructs flagged in the answer's code (``scan.py``), not by its time.
 """
 
 from __future__ import annotations
@@ -32,11 +31,14 @@ import numpy as np
 from .. import tensor
 from .registry import Wrong
 
-__all__ = ["FLOOR", "RATIO", "judge"]
+__all__ = ["CEILING", "FLOOR", "RATIO", "judge"]
 
 RATIO = 25
 FLOOR = 0.1  # seconds: the interpreter's and the pipes' own costs on a small op
+CEILING, LEAST = 2000, 3.0  # yardsticks, seconds: a call taking longer is stopped
 ROUNDS = 3
+STEP = 1e-20  # the complex step of the directional derivatives (exact: no subtraction)
+AGREE = 1e-8  # relative: the directional derivatives of a derived backward agree to about 1e-14
 
 
 def _best(fn, rounds=ROUNDS):
@@ -48,47 +50,69 @@ def _best(fn, rounds=ROUNDS):
     return best
 
 
-def judge(ex, cls, seed=0, limit=None):
-    """Raise ``Wrong`` when answer ``cls`` (a Function, or the grader's stand-in for one) costs
-    more than an exercise's derived backward can. ``limit(seconds)`` is a context in which a call
-    of the answer taking longer than ``seconds`` raises (the grader's answer process); None: no
-    such limit (the answer runs in this process)."""
+def judge(ex, cls, seed=0, limit=None) -> str:
+    """Check answer ``cls`` (a Function, or the grader's stand-in for one) on the large input of
+    exercise ``ex``: raise ``Wrong`` when its values there are wrong or a call does not finish;
+    return a timing note ("" when it costs what a derived backward costs). ``limit(seconds)`` is a
+    context in which a call of the answer taking longer than ``seconds`` raises ``TimeoutError``
+    (the grader's answer process); None: no such limit (the answer runs in this process)."""
     rng = np.random.default_rng(seed)
     spec = ex.cost(rng)
     inputs = [np.asarray(a) for a in spec.inputs]
-    yardstick = _best(lambda: spec.reference(*inputs))
-    allowed = FLOOR + RATIO * yardstick
-    out = np.asarray(spec.reference(*inputs))
+    yardstick = _best(lambda: spec.reference(*inputs, **spec.kwargs))
+    allowed, stop = FLOOR + RATIO * yardstick, max(LEAST, CEILING * yardstick)
+    out = np.asarray(spec.reference(*inputs, **spec.kwargs))
     g = rng.normal(size=out.shape)
     shape = " and ".join(str(a.shape) for a, need in zip(inputs, spec.needs) if need)
     forward, backward = [], []
-    for _ in range(ROUNDS):
+    for k in range(ROUNDS):
         tensors = [tensor(a.copy(), requires_grad=True, dtype=a.dtype) if need else a.copy()
                    for a, need in zip(inputs, spec.needs)]
         stage = "forward"
         try:
-            with limit(4 * allowed + 1) if limit is not None else contextlib.nullcontext():
+            with limit(stop) if limit is not None else contextlib.nullcontext():
                 start = time.perf_counter()
                 y = cls.apply(*tensors, **spec.kwargs)
                 middle, stage = time.perf_counter(), "backward"
                 y.backward(tensor(g, dtype=out.dtype))
                 end = time.perf_counter()
         except TimeoutError:
-            raise Wrong(_reason(stage, None, yardstick, allowed, shape, stopped=4 * allowed + 1)) from None
+            raise Wrong(f"{stage} on inputs of shape {shape} did not finish in {stop:.1f} s, {CEILING} plain "
+                        f"forwards of the op ({yardstick * 1e3:.2f} ms each), so it cannot be checked at this size; "
+                        "a backward on whole arrays takes a few forwards") from None
+        if k == 0:
+            _compare(spec, inputs, g, out, y, tensors, shape)
         forward.append(middle - start)
         backward.append(end - middle)
         if forward[-1] <= allowed and backward[-1] <= allowed:
-            return
-    for name, times in (("forward", forward), ("backward", backward)):
-        if min(times) > allowed:
-            raise Wrong(_reason(name, min(times), yardstick, allowed, shape))
+            return ""
+    notes = [f"{name} on inputs of shape {shape} took {min(t):.2f} s, {min(t) / yardstick:.0f} plain forwards of the "
+             f"op ({yardstick * 1e3:.2f} ms each)" for name, t in (("forward", forward), ("backward", backward))
+             if min(t) > allowed]
+    return ("timing: " + "; ".join(notes) + "; a backward on whole arrays takes 1 to 5") if notes else ""
 
 
-def _reason(name, seconds, yardstick, allowed, shape, stopped=None):
-    took = (f"did not finish in {stopped:.1f} s" if stopped is not None else
-            f"took {seconds:.2f} s, as long as {seconds / yardstick:.0f} plain forwards of the op "
-            f"({yardstick * 1e3:.2f} ms)")
-    return (f"{name} on inputs of shape {shape} {took}; a derived backward takes a few forwards (allowed: "
-            f"{allowed:.2f} s). A gradient estimated element by element (finite differences, complex steps, dual "
-            "numbers) costs a forward per element: derive the formula and compute it on whole arrays (no Python "
-            "loop over elements)")
+def _compare(spec, inputs, g, out, y, tensors, shape):
+    """The answer's forward and gradients on the large input against the reference's."""
+    from .checks.common import array_of, close
+
+    close(f"forward on the large input {shape}", y, out, rtol=1e-8, atol=1e-10)
+    rng = np.random.default_rng(1)
+    for i, (a, t, need) in enumerate(zip(inputs, tensors, spec.needs)):
+        if not need:
+            continue
+        grad = array_of(t.grad, f"the gradient of input {i} on the large input {shape}")
+        if grad.shape != a.shape:
+            raise Wrong(f"the gradient of input {i} on the large input has shape {grad.shape}, expected {a.shape}")
+        directions = [rng.normal(size=a.shape) for _ in range(2)]
+        exact, got = [], []
+        for v in directions:
+            shifted = [b + STEP * 1j * v if k == i else b for k, b in enumerate(inputs)]
+            exact.append(float(np.imag((g * spec.reference(*shifted, **spec.kwargs)).sum())) / STEP)
+            got.append(float((v * grad).sum()))
+        err = np.linalg.norm(np.subtract(got, exact)) / max(np.linalg.norm(exact), 1e-300)
+        if not err <= AGREE:
+            raise Wrong(f"the gradient of input {i} on the large input {shape} is wrong there: along random "
+                        f"directions it gives {got[0]:.6g} and {got[1]:.6g} where the exact derivatives are "
+                        f"{exact[0]:.6g} and {exact[1]:.6g} (the small cases passed: does the answer treat large "
+                        "inputs differently?)")

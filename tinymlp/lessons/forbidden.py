@@ -38,10 +38,11 @@ import inspect
 import sys
 import types
 
-__all__ = ["Forbidden", "Guard", "fingerprint", "resolve"]
+__all__ = ["Forbidden", "Guard", "fingerprint", "functions_of", "resolve", "tinymlp_subclasses"]
 
 _DIVERTED = {}  # key -> (guard, the original function, the reason)
 _RAISED = []  # every refusal, in order (a refusal the answer catches is still a refusal)
+_INSIDE = set()  # keys of the functions refused only while the answer's own code runs (library ops)
 MIN_COPY = 20  # instructions: shorter functions (a one-line helper) may well be written alike independently
 NUMERIC_MODULES = ("tinymlp.gradcheck", "tinymlp.testing")   # each with its submodules
 
@@ -122,7 +123,7 @@ def _size(code):
     return sum(1 for ins in dis.get_instructions(code) if ins.opname not in ("CACHE", "RESUME", "NOP"))
 
 
-def _tinymlp_subclasses(cls):
+def tinymlp_subclasses(cls):
     """A class and the classes of tinymlp derived from it (the fast tier derives its versions)."""
     out, stack = [], [cls]
     while stack:
@@ -131,6 +132,15 @@ def _tinymlp_subclasses(cls):
             out.append(c)
             stack.extend(c.__subclasses__())
     return out
+
+
+def library_ops():
+    """The library's ops: the Function classes of ``tinymlp/ops/`` and ``tinymlp/fast/``, except the
+    shape ops (a reshape or an index does no arithmetic a student is asked to write)."""
+    from ..autograd import Function
+
+    return [cls for cls in tinymlp_subclasses(Function) if cls.__module__.startswith(("tinymlp.ops.", "tinymlp.fast."))
+            and cls.__module__ not in ("tinymlp.ops.shape", "tinymlp.fast.shape")]
 
 
 def where(obj) -> str:
@@ -156,7 +166,7 @@ def _module_functions(module):
 def divert(key, args, kwargs):
     """What a diverted library function runs: a refusal inside the answer, else the function."""
     guard, original, reason = _DIVERTED[key]
-    if guard.process or guard.kinds:
+    if guard.kinds or (guard.process and key not in _INSIDE):
         raise Forbidden(reason)
     return original(*args, **kwargs)
 
@@ -196,7 +206,7 @@ class Guard:
         self.forbidden = []  # (function, sentence)
         for dotted in ex.forbidden:
             obj = resolve(dotted)
-            for item in _tinymlp_subclasses(obj) if isinstance(obj, type) else [obj]:
+            for item in tinymlp_subclasses(obj) if isinstance(obj, type) else [obj]:
                 module = getattr(item, "__module__", None) or dotted.rsplit(".", 1)[0]
                 for fn in functions_of(item):
                     name = f"{module}.{fn.__qualname__}"
@@ -217,6 +227,15 @@ class Guard:
                     self.forbidden.append((fn, f"the answer calls {module.__name__}.{fn.__qualname__}, the library's "
                                                "fast tier (compiled versions of the same ops): write the computation "
                                                "yourself"))
+        self.ops = []  # (function, sentence): refused only while the answer's code runs
+        if getattr(ex, "derived", False):
+            for cls in library_ops():
+                for fn in functions_of(cls):
+                    if fn.__name__ in ("forward", "backward"):
+                        self.ops.append((fn, f"the answer's code calls {cls.__module__}.{fn.__qualname__} "
+                                                f"({where(cls)}), a library op, while its own code runs: in exercise "
+                                                f"{ex.id} the computation is yours, and a Function that wraps a "
+                                                "library op (or a backward that calls one) is not the exercise"))
         for fn, reason in self.forbidden:
             if _size(fn.__code__) >= MIN_COPY:
                 copied = reason.replace("the answer calls", "the answer's code is", 1)
@@ -233,6 +252,8 @@ class Guard:
     def __enter__(self):
         for fn, reason in self.forbidden:
             self._divert(fn, reason)
+        for fn, reason in self.ops:
+            self._divert(fn, reason, inside=True)
         self._engine()
         self.mark_answer()
         return self
@@ -248,9 +269,10 @@ class Guard:
         self._replaced, self._patched = [], []
         for key in [k for k, (g, _, _) in _DIVERTED.items() if g is self]:
             del _DIVERTED[key]
+            _INSIDE.discard(key)
         return False
 
-    def _divert(self, fn, reason):
+    def _divert(self, fn, reason, inside=False):
         code = fn.__code__
         if any(f is fn for f, _ in self._replaced):
             return
@@ -258,6 +280,8 @@ class Guard:
         original.__kwdefaults__ = fn.__kwdefaults__
         key = id(original)
         _DIVERTED[key] = (self, original, reason)
+        if inside:
+            _INSIDE.add(key)
         stub = _stub(len(code.co_freevars))
         stub = stub.replace(co_consts=tuple(key if c == -1 else c for c in stub.co_consts))
         self._replaced.append((fn, code))
@@ -373,10 +397,17 @@ class Guard:
                 stack.extend(obj)
                 continue
             for fn in functions_of(obj):
-                for code in _codes(fn.__code__):
-                    if code.co_name.startswith("<") or _size(code) < MIN_COPY:
-                        continue  # comprehensions, lambdas and one-liners: alike by necessity
-                    reason = self.reasons.get(fingerprint(code))
-                    if reason:
-                        found.append(f"{fn.__qualname__}: {reason}")
+                found += self.copied(fn.__code__, fn.__qualname__)
         return list(dict.fromkeys(found))
+
+    def copied(self, code, name=None):
+        """Sentences for the functions of compiled ``code`` (nested ones too) that are the forbidden
+        code by content: the grader asks this of the answer's program, compiled and never run."""
+        found = []
+        for c in _codes(code):
+            if c.co_name.startswith("<") or _size(c) < MIN_COPY:
+                continue  # modules, comprehensions, lambdas and one-liners: alike by necessity
+            reason = self.reasons.get(fingerprint(c))
+            if reason:
+                found.append(f"{name or getattr(c, 'co_qualname', c.co_name)}: {reason}")
+        return found

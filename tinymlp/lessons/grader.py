@@ -8,17 +8,22 @@
 from the submission folders, the roster and the file names (``identity.py``). Then for each
 notebook the grader
 
-1. runs it from top to bottom in a fresh kernel (nbclient; a cell that raises does not stop
-   the rest), to report the cells that raise and what the notebook's own checks printed;
+1. runs it from top to bottom in a fresh kernel, in a sandbox of its own (``execute.py``,
+   ``sandbox.py``; a cell that raises does not stop the rest), to report the cells that raise and
+   what the notebook's own checks printed;
 2. grades each exercise of its lesson: the program that defines the answer is read from the
-   notebook (``notebook.py``) and scanned (``scan.py``); it runs in a process of its own
-   (``worker.py``), confined and with the library code of the exercise unavailable, which only
-   computes the answer's outputs and gradients on inputs the grader sends. The inputs, the
-   references, the hidden case's seed, the comparisons, the cost and the grade stay in this
-   process, which never runs or imports the student's code (``remote.py``).
+   notebook (``notebook.py``) and scanned (``scan.py``); it runs in a sandbox of its own whose
+   library is the exercise's student edition (``edition.py``: the exercise's library code
+   absent), in a process (``worker.py``) that only computes the answer's outputs and gradients on
+   inputs the grader sends. The inputs, the references, the hidden case's seed, the comparisons,
+   the cost and the grade stay in this process, which never runs or imports the student's code
+   (``remote.py``).
 
 Last, the answers are compared with each other, with the worked notebooks and with the
-library's code (``similarity.py``), and copies are flagged for the instructor.
+library's code, after removing what the lesson hands out (``similarity.py``), and copies are
+flagged for the instructor with the lines alike. The results go where ``-o`` says, never over a
+notebook or an input, and whole (``output.py``). Where no sandbox can start, the grader grades
+only with ``--unconfined`` (Python's confinement alone), and every report says so.
 
 Nothing the notebook prints or changes in its kernel enters a grade: a notebook whose output
 says ``passed`` for an exercise the grader fails is marked, for the instructor to look at.
@@ -27,23 +32,20 @@ says ``passed`` for an exercise the grader fails is marked, for the instructor t
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
-import re
 import secrets
 import sys
 import time
 from dataclasses import dataclass, field
 
-from . import reports, scan, similarity
+from . import output, reports, scan, similarity
+from .execute import Execution, execute, thread_env  # noqa: F401 (part of the grader's interface)
 from .identity import Submission, assign, inside, read_roster
 from .notebook import Notebook
 from .registry import EXERCISES
 from .remote import AnswerProcess, AnswerTimeout, ChannelError, RemoteError
 from .runner import FAILED, NOT_DONE, PASSED, not_done, reason_of, run_check
 
-LINE = re.compile(r"^exercise (?P<id>\d\d\.\d+) (?P<title>.*): (?P<status>passed|not done yet|FAILED)")
-THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent  # the checkout: lessons/ holds the worked notebooks
 STATUS = {PASSED: "passed", FAILED: "FAILED", NOT_DONE: "not done"}
 
@@ -66,6 +68,7 @@ class Row:
     reference: str = ""  # the library file that implements the same thing
     notebook_said: str = ""  # what the notebook's own check printed ("" if it printed nothing)
     flags: list = field(default_factory=list)  # for the instructor: copies, number types, finite differences
+    notes: list = field(default_factory=list)  # for the instructor, not a suspicion: how long it took at scale
     seconds: float = 0.0
 
 
@@ -85,94 +88,11 @@ class Graded:
     outputs: str = ""  # everything the notebook printed (for the test suite and for debugging)
     refused: str = ""  # why it was not graded
     answers: list = field(default_factory=list)  # what the student wrote, per exercise (similarity.Answer)
+    confined: bool = True  # the kernel and the answers ran in the operating system's sandboxes
 
     @property
     def passed(self) -> bool:
         return not self.refused and not self.errors and all(r.status == "passed" for r in self.rows)
-
-
-# ------------------------------------------------------------------------------ running a notebook
-def thread_env(env=None) -> dict:
-    """The environment with one BLAS/OpenMP thread, unless the caller chose: the lessons' arrays
-    are small, and on a busy two-core machine threads that spin waiting for each other make a
-    lesson several times slower (lesson 7: 8 s alone, 48 s next to one busy core)."""
-    env = dict(os.environ if env is None else env)
-    for var in THREADS:
-        env.setdefault(var, "1")
-    return env
-
-
-@dataclass
-class Execution:
-    """A notebook run top to bottom: what raised, what its checks printed, all it printed."""
-
-    errors: list  # "cell 7: ZeroDivisionError: division by zero", one per cell that raised
-    claims: dict  # exercise id -> what the notebook's own check printed ("passed", "FAILED", "not done yet")
-    outputs: str  # everything the notebook printed
-    seconds: float
-    notebook: object  # the executed notebook (nbformat), outputs included
-
-
-def execute(path, timeout=600, kernel_name="python3") -> Execution:
-    """Run a notebook top to bottom in a fresh kernel (a cell that raises does not stop the rest).
-
-    The kernel imports the tinymlp this grader belongs to (a PYTHONPATH already set comes
-    first) and uses one BLAS thread (``thread_env``). A cell that runs past ``timeout`` seconds
-    is named with its first line.
-    """
-    import nbclient
-    import nbformat
-
-    path = pathlib.Path(path)
-    nb = nbformat.read(path, as_version=4)
-    saved = dict(os.environ)
-    os.environ.update(thread_env())
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    errors, start, current, stopped = [], time.perf_counter(), {}, None
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
-                                     resources={"metadata": {"path": str(path.parent.resolve())}})
-    client.on_cell_start = lambda cell, cell_index: current.update(cell=cell, index=cell_index)
-    try:
-        client.execute()
-    except Exception as err:  # noqa: BLE001 (a timeout or a dead kernel is a result, not a crash)
-        cell = current.get("cell")
-        first = next((line for line in (cell.source if cell else "").splitlines() if line.strip()), "")
-        where = f"cell {current['index'] + 1} ({first.strip()[:80]})" if cell is not None else "the notebook"
-        if isinstance(err, TimeoutError):
-            errors.append(f"{where} did not finish in {timeout} s (CellTimeoutError)")
-            stopped = current.get("index")
-        else:
-            last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
-            errors.append(f"{where}: {type(err).__name__}: {last}")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    seconds = time.perf_counter() - start
-    claims, texts = {}, []
-    for i, cell in enumerate(nb.cells, start=1):
-        if cell.cell_type != "code":
-            continue
-        for output in cell.get("outputs", []):
-            interrupted = i - 1 == stopped and output.get("ename") == "KeyboardInterrupt"  # by the timeout
-            if output.get("output_type") == "error" and not interrupted:
-                errors.append(f"cell {i}: {output.get('ename')}: {output.get('evalue')}")
-            text = _text_of(output)
-            texts.append(text)
-            for line in text.splitlines():
-                m = LINE.match(line)
-                if m:
-                    claims[m.group("id")] = m.group("status")
-    return Execution(errors, claims, "\n".join(texts), seconds, nb)
-
-
-def _text_of(output) -> str:
-    if output.get("output_type") == "stream":
-        return output.get("text", "")
-    if output.get("output_type") in ("execute_result", "display_data"):
-        return output.get("data", {}).get("text/plain", "")
-    return ""
 
 
 # ------------------------------------------------------------------------------ grading an answer
@@ -180,9 +100,10 @@ def _result(status, details, **more):
     return {"status": status, "details": details, "reason": reason_of(details), "reproduce": "", **more}
 
 
-def grade_answer(nb, ex, seeds, timeout=120) -> dict:
-    """One exercise of one notebook (a ``Notebook``): its answer run in a process of its own, the
-    check run here on the public case and the hidden ones; the result as a dict."""
+def grade_answer(nb, ex, seeds, timeout=120, *, confined=None, hide=()) -> dict:
+    """One exercise of one notebook (a ``Notebook``): its answer run in a process of its own (in a
+    sandbox: ``confined``, see ``grade_notebook``), the check run here on the public case and the
+    hidden ones; the result as a dict."""
     program = nb.program(ex.id, ex.answer)
     base = {"answer": program.answer, "program": program, "flags": scan.flags(program, ex)}
     unplaced = scan.unplaced(program)
@@ -192,11 +113,12 @@ def grade_answer(nb, ex, seeds, timeout=120) -> dict:
         details = (f"the notebook defines no {program.answer} (the answer to exercise {ex.id})"
                    + (f"; cells with a syntax error: {'; '.join(nb.syntax_errors)}" if nb.syntax_errors else ""))
         return {**_result(NOT_DONE, details), **base}
+    base["flags"] = base["flags"] + scan.copies(program, ex)
     problems = scan.refusals(program, ex)
     if problems:
         return {**_result(FAILED, "\n".join(problems)), **base}
     try:
-        with AnswerProcess(program.job(ex, nb.label), timeout) as proc:
+        with AnswerProcess(program.job(ex, nb.label), timeout, confined=confining(confined), hide=hide) as proc:
             first = proc.first
             if "error" in first:
                 error = first["error"] if isinstance(first["error"], dict) else {}
@@ -209,25 +131,44 @@ def grade_answer(nb, ex, seeds, timeout=120) -> dict:
                 return {**_result(FAILED, text), **base}
             checked = run_check(ex.id, first.get("answer"), seeds=tuple(seeds), answer_text=program.answer,
                                 remote=proc)
+            if ex.derived:
+                base["flags"] = base["flags"] + _number_types(proc, base["flags"])
     except (AnswerTimeout, ChannelError, RemoteError) as err:
         return {**_result(FAILED, getattr(err, "details", None) or str(err)), **base}
     details, note = checked.details, scan.own_apply(program)
     if checked.status == FAILED and note:
         details = f"{details.rstrip()}\n{note}"
+    if checked.note:
+        base["notes"] = [checked.note]
     return {"status": checked.status, "details": details, "reason": checked.reason,
             "reproduce": checked.reproduce, "seed": checked.seed, "needs": checked.needs, **base}
 
 
-def grade_exercise(path, label, ex_id, seeds, timeout=120) -> dict:
+def _number_types(proc, flagged):
+    """Flags for the answer's own number types its process found that the scan of its code did not."""
+    try:
+        found = proc.evidence()
+    except (AnswerTimeout, ChannelError, RemoteError):
+        return []
+    named = " ".join(flagged)
+    return [f"defines its own number type, {kind}, at run time: dual numbers compute a derivative without deriving "
+            "it" for kind in found if kind.split(" ")[0].split(".")[-1] not in named]
+
+
+def grade_exercise(path, label, ex_id, seeds, timeout=120, *, confined=None) -> dict:
     """One exercise of the notebook at ``path`` (``label`` names it in messages); see ``grade_answer``."""
     from . import checks  # noqa: F401 (registers the checks)
 
-    return grade_answer(Notebook(path, label), EXERCISES[ex_id], seeds, timeout)
+    return grade_answer(Notebook(path, label), EXERCISES[ex_id], seeds, timeout, confined=confined)
 
 
 def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_timeout=120,
-                   submission: Submission | None = None) -> Graded:
-    """Run one notebook, then grade every exercise of its lesson; one Row per exercise."""
+                   submission: Submission | None = None, confined=None, hide=()) -> Graded:
+    """Run one notebook, then grade every exercise of its lesson; one Row per exercise.
+
+    ``confined``: the kernel and the answers run in sandboxes (``sandbox.py``); False: confined by
+    Python alone (``--unconfined``); None: in sandboxes where they can start here. ``hide``:
+    places no sandbox shows (the other submissions, the outputs)."""
     from . import checks  # noqa: F401 (registers the checks)
 
     path = pathlib.Path(path)
@@ -235,12 +176,14 @@ def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_ti
     nb = Notebook(path, submission.label if submission else None)
     if submission is None:
         submission = assign([(path, nb)])[0]
-    graded = Graded(submission.student, str(path), submission.lesson or "", refused=submission.refused)
+    confined = confining(confined)
+    graded = Graded(submission.student, str(path), submission.lesson or "", refused=submission.refused,
+                    confined=confined)
     if submission.refused:
         return graded
     claims = {}
     if execute_first:
-        run = execute(path, cell_timeout)
+        run = execute(path, cell_timeout, confined=confined, hide=hide)
         graded.errors, claims, graded.outputs, graded.run_seconds = run.errors, run.claims, run.outputs, run.seconds
         graded.executed, graded.notebook = True, run.notebook
     skeleton, worked = _lesson_builds(submission.lesson)
@@ -251,7 +194,7 @@ def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_ti
         if submission.wrong_lesson:
             result = _result(FAILED, submission.wrong_lesson, flags=[])
         else:
-            result = grade_answer(nb, ex, [None, seed], check_timeout)
+            result = grade_answer(nb, ex, [None, seed], check_timeout, confined=confined, hide=hide)
             program = result.pop("program")
             if program.found:
                 stub = skeleton.program(ex_id, ex.answer) if skeleton else None
@@ -262,9 +205,19 @@ def grade_notebook(path, seed, *, execute_first=True, cell_timeout=600, check_ti
             submission.student, path.name, ex_id, ex.title, status, 1.0 if status == "passed" else 0.0,
             reason=result.get("reason", ""), details=result.get("details", ""),
             reproduce=result.get("reproduce", ""), section=ex.section, reference=ex.reference,
-            notebook_said=said, flags=list(result.get("flags", [])), seconds=round(time.perf_counter() - t, 2)))
+            notebook_said=said, flags=list(result.get("flags", [])), notes=list(result.get("notes", [])),
+            seconds=round(time.perf_counter() - t, 2)))
     graded.seconds = time.perf_counter() - start
     return graded
+
+
+def confining(confined) -> bool:
+    """Whether to run in sandboxes: ``confined`` as given, or (None) where one can start here."""
+    if confined is None:
+        from .sandbox import unavailable
+
+        return not unavailable()
+    return bool(confined)
 
 
 def _order(ex_id):
@@ -283,7 +236,8 @@ def _lesson_builds(lesson):
     return found[0], found[1]
 
 
-def grade_class(paths, seed, *, roster=None, execute_first=True, cell_timeout=600, check_timeout=120, log=None):
+def grade_class(paths, seed, *, roster=None, execute_first=True, cell_timeout=600, check_timeout=120, log=None,
+                confined=None, hide=()):
     """Every notebook of a class: (the Graded notebooks, notes for the instructor, similarity report)."""
     from . import checks  # noqa: F401 (registers the checks)
 
@@ -293,7 +247,8 @@ def grade_class(paths, seed, *, roster=None, execute_first=True, cell_timeout=60
         if log:
             log(f"grading {sub.path} ...")
         g = grade_notebook(sub.path, seed, execute_first=execute_first, cell_timeout=cell_timeout,
-                           check_timeout=check_timeout, submission=sub)
+                           check_timeout=check_timeout, submission=sub, confined=confined,
+                           hide=[*hide, *{pathlib.Path(p).parent for p in paths}])
         if log:
             log(f"  ... {g.seconds:.1f} s")
         graded.append(g)
@@ -308,7 +263,7 @@ def grade_class(paths, seed, *, roster=None, execute_first=True, cell_timeout=60
 def _similar(graded, subs):
     answers = [a for g in graded for a in g.answers]
     lessons = {s.lesson for s in subs if s.lesson}
-    worked, library = {}, {}
+    worked, library, bases = {}, {}, {}
     for lesson in lessons:
         skeleton, worked_nb = _lesson_builds(lesson)
         for ex_id in (k for k in EXERCISES if EXERCISES[k].lesson == lesson):
@@ -318,8 +273,9 @@ def _similar(graded, subs):
                 program = worked_nb.program(ex_id, ex.answer)
                 worked[ex_id] = similarity.written(f"the worked notebook ({worked_nb.label.split('/')[-1]})", ex_id,
                                                    program, stub, student=False)
+            bases[ex_id] = similarity.base(skeleton, worked.get(ex_id))
             library[ex_id] = similarity.library_answers(ex, ROOT)
-    return similarity.compare(answers, worked, library)
+    return similarity.compare(answers, worked, library, bases)
 
 
 # ------------------------------------------------------------------------------ the command line
@@ -334,7 +290,9 @@ def main(argv=None) -> int:
     form.add_argument("--json", action="store_true", help="print JSON: the rows, the notebooks' errors, the seed")
     form.add_argument("--gradescope", action="store_true",
                       help="write Gradescope's results.json (one per student: -o FILE for one, -o DIR for several)")
-    parser.add_argument("-o", "--output", type=pathlib.Path, help="write the output here instead of printing it")
+    parser.add_argument("-o", "--output", type=pathlib.Path,
+                        help="write the output to this file (a folder for --gradescope with several students); "
+                             "never a notebook or an input")
     parser.add_argument("--roster", type=pathlib.Path,
                         help="a file of lines 'folder,Student Name': the students, by submission folder")
     parser.add_argument("--seed", type=int, default=None,
@@ -344,55 +302,79 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
     parser.add_argument("--check-timeout", type=int, default=120,
                         help="seconds allowed per exercise's check (default 120)")
+    parser.add_argument("--unconfined", action="store_true",
+                        help="grade without the operating system's sandbox where none can start (the report says so)")
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
+    inputs = list(args.notebooks) + ([args.roster] if args.roster else [])
+    several = args.gradescope and args.output is not None and args.output.suffix != ".json"
     try:
+        if args.output is not None:
+            output.target(args.output, inputs, folder=several)
         roster = read_roster(args.roster) if args.roster else None
+    except output.OutputError as err:
+        return _refuse(str(err))
     except (OSError, ValueError) as err:
         parser.error(str(err))
+    from .sandbox import unavailable
+
+    if unavailable() and not args.unconfined:
+        return _refuse(f"no sandbox can start here, so nothing was graded: {unavailable()}; or grade with "
+                       "--unconfined, which runs the submissions confined by Python alone (the report says so)")
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     quiet = args.json or args.csv or args.gradescope
     graded, notes, similar = grade_class(args.notebooks, seed, roster=roster, execute_first=not args.no_execute,
                                          cell_timeout=args.timeout, check_timeout=args.check_timeout,
+                                         confined=not args.unconfined, hide=[args.output] if args.output else [],
                                          log=lambda line: print(line, file=sys.stderr, flush=True))
     for note in notes + [f"not graded: {g.refused}" for g in graded if g.refused]:
         print(note, file=sys.stderr)
-    if args.gradescope:
-        _write_gradescope(graded, args.output)
-    else:
-        text = (reports.to_csv(graded) if args.csv else reports.to_json(graded, seed, notes, similar) if args.json
-                else reports.table(graded, notes, similar))
-        if args.output:
-            args.output.write_text(text if text.endswith("\n") else text + "\n")
+    try:
+        if args.gradescope:
+            _write_gradescope(graded, args.output, inputs)
         else:
-            print(text)
-        if not quiet:
-            print(f"hidden cases: seed {seed} (--seed {seed} repeats this grading)")
+            text = (reports.to_csv(graded) if args.csv else reports.to_json(graded, seed, notes, similar) if args.json
+                    else reports.table(graded, notes, similar))
+            if args.output:
+                output.write(args.output, text if text.endswith("\n") else text + "\n", inputs)
+            else:
+                print(text)
+            if not quiet:
+                print(f"hidden cases: seed {seed} (--seed {seed} repeats this grading)")
+    except output.OutputError as err:
+        return _refuse(str(err))
     return 0 if all(g.passed for g in graded) else 1
 
 
-def _write_gradescope(graded, output):
+def _refuse(sentence) -> int:
+    print(f"error: {sentence}", file=sys.stderr)
+    return 2
+
+
+def _write_gradescope(graded, where, inputs=()):
     import json
 
     by_student = {}
     for g in graded:
         if not g.refused:
             by_student.setdefault(g.student, []).append(g)
-    if len(by_student) <= 1 and (output is None or output.suffix == ".json"):
+    if len(by_student) <= 1 and (where is None or where.suffix == ".json"):
         text = json.dumps(reports.gradescope(next(iter(by_student.values()), [])), indent=2)
-        if output is None:
+        if where is None:
             print(text)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text + "\n")
+            output.write(where, text + "\n", inputs)
         return
-    if output is None or output.suffix == ".json":
-        raise SystemExit("--gradescope with several students writes one results.json each: pass -o FOLDER")
-    output.mkdir(parents=True, exist_ok=True)
-    for student, items in by_student.items():
-        target = inside(output, student, "results.json")
-        target.parent.mkdir(exist_ok=True)
-        target.write_text(json.dumps(reports.gradescope(items), indent=2) + "\n")
-        print(f"wrote {target}", file=sys.stderr)
+    if where is None or where.suffix == ".json":
+        raise output.OutputError("--gradescope with several students writes one results.json each: pass -o FOLDER")
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        for student, items in by_student.items():
+            target = inside(where, student, "results.json")
+            target.parent.mkdir(exist_ok=True)
+            output.write(target, json.dumps(reports.gradescope(items), indent=2) + "\n", inputs)
+            print(f"wrote {target}", file=sys.stderr)
+    except OSError as err:
+        raise output.OutputError(f"cannot write in {where}: {err.strerror or err}") from None

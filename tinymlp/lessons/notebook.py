@@ -60,7 +60,8 @@ class Program:
         """What the answer's process needs (``worker.py``): the cells of the kept statements,
         which statements, the answer's expression, the exercise and its forbidden code."""
         cells = {st.filename for st in self.statements}
-        return {"exercise": ex.id, "forbidden": list(ex.forbidden), "label": label, "answer": self.answer,
+        return {"exercise": ex.id, "forbidden": list(ex.forbidden), "derived": ex.derived, "label": label,
+                "answer": self.answer,
                 "cells": {name: self.sources[name] for name in cells},
                 "statements": [[st.filename, st.index] for st in self.statements]}
 

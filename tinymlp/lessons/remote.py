@@ -1,7 +1,9 @@
 """The grader's side of an answer that runs in a process of its own.
 
-``AnswerProcess(job)`` starts the process that runs one answer (``worker.py``) and talks to it in
-plain data (``wire.py``). What the answer is comes back as stand-ins that the checks use exactly
+``AnswerProcess(job)`` starts the process that runs one answer (``worker.py``), in a sandbox of
+its own whose library is the exercise's student edition (``sandbox.py``, ``edition.py``; with
+``confined=False``, forked from a process that loaded tinymlp), and talks to it in plain data
+(``wire.py``). What the answer is comes back as stand-ins that the checks use exactly
 as they would use the answer itself:
 
 * a Function class: a ``Function`` of the grading process whose forward sends the input arrays
@@ -145,13 +147,52 @@ def _zygote():
     return _ZYGOTE
 
 
-class AnswerProcess:
-    """One answer, running in its own process. ``first`` is its first reply: ``{"answer": ...}``
-    (its value, stand-ins for what stays there) or ``{"error": ...}`` (the notebook's code raised,
-    or was refused)."""
+class _Sandboxed:
+    """An answer process in a sandbox of its own (``sandbox.py``), which shows the exercise's
+    edition of the library (``edition.py``): ``worker.sandboxed`` there."""
 
-    def __init__(self, job, timeout=120):
-        self._zygote = _zygote()
+    def __init__(self, hide=()):
+        self.hide, self.box = hide, None
+
+    def spawn(self, job):
+        import json
+
+        from .edition import edition
+        from .sandbox import Sandbox
+
+        library = edition(job["exercise"], job.get("forbidden", ()))
+        self.box = Sandbox(library / "tinymlp", hide=self.hide)
+        requests_in, requests_out = os.pipe()
+        replies_in, replies_out = os.pipe()
+        try:
+            # numba (a second's load) is left out: the answer's process runs the reference tier only
+            start = (f"import sys; sys.modules['numba'] = None; from tinymlp.lessons.worker import sandboxed; "
+                     f"sandboxed({requests_in}, {replies_out})")
+            self.box.start(["python", "-c", start], pass_fds=(requests_in, replies_out), env=WORKER_ENV)
+            write_frame(requests_out, json.dumps(job).encode())
+        except BaseException:
+            for fd in (requests_out, replies_in):
+                os.close(fd)
+            self.box.end()
+            raise
+        finally:
+            os.close(requests_in)
+            os.close(replies_out)
+        return self.box.child, requests_out, replies_in
+
+    def end(self, pid):
+        if self.box is not None:
+            self.box.end()  # returns once every process of the sandbox is gone
+
+
+class AnswerProcess:
+    """One answer, running in its own process: in a sandbox of its own (``confined``), else
+    forked from a process that loaded tinymlp, confined by Python alone. ``first`` is its first
+    reply: ``{"answer": ...}`` (its value, stand-ins for what stays there) or ``{"error": ...}``
+    (the notebook's code raised, or was refused)."""
+
+    def __init__(self, job, timeout=120, *, confined=True, hide=()):
+        self._zygote = _Sandboxed(hide) if confined else _zygote()
         self.pid, self._requests, self._replies = self._zygote.spawn(job)
         self.closed = False
         self.timeout, self.deadline = timeout, time.monotonic() + timeout
@@ -225,6 +266,10 @@ class AnswerProcess:
     def violations(self):
         """The refusals the answer's process recorded (the answer may have caught them)."""
         return [str(v) for v in self.request("violations").get("value", [])]
+
+    def evidence(self):
+        """The answer's own number types (classes with arithmetic operators), as its process saw them."""
+        return [str(v) for v in self.request("evidence").get("value", [])]
 
     def backwards(self):
         """Names of the answer's own Functions whose backward has run."""

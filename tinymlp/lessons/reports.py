@@ -49,6 +49,8 @@ def table(graded, notes=(), similar=()) -> str:
         for err in g.errors:
             lines.append(f"{g.student}: {pathlib.Path(g.path).name} raised in {err[:110]}")
     lines += list(notes)
+    if any(not g.confined for g in graded):
+        lines.append(UNCONFINED)
     done = sum(r.status == "passed" for r in rows)
     students = len({g.student for g in graded if not g.refused})
     lines.append("")
@@ -60,14 +62,21 @@ def table(graded, notes=(), similar=()) -> str:
     if flagged:
         lines.append("! flagged for the instructor (not failures):")
         lines += [f"  {r.student} {r.exercise}: {flag}" for r in flagged for flag in r.flags]
+    noted = [r for r in rows if r.notes]
+    if noted:
+        lines.append("notes (not failures, not suspicions):")
+        lines += [f"  {r.student} {r.exercise}: {note}" for r in noted for note in r.notes]
     if similar:
         lines.append("similar answers (the share of their code in common, most similar first):")
         lines += [f"  {line}" for line in similar]
     return "\n".join(lines)
 
 
+UNCONFINED = ("unconfined: these submissions ran without the operating system's sandbox (--unconfined), confined by "
+              "Python alone: a determined student could reach the grader's files or leave a process running")
+
 CSV_FIELDS = ("student", "notebook", "exercise", "title", "status", "score", "max_score", "reason", "reproduce",
-              "notebook_said", "flags", "section", "reference")
+              "notebook_said", "flags", "notes", "section", "reference")
 
 
 def to_csv(graded) -> str:
@@ -75,13 +84,14 @@ def to_csv(graded) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows_of(graded):
-        writer.writerow({**asdict(row), "flags": "; ".join(row.flags)})
+        writer.writerow({**asdict(row), "flags": "; ".join(row.flags), "notes": "; ".join(row.notes)})
     return out.getvalue()
 
 
 def to_json(graded, seed, notes=(), similar=()) -> str:
     data = {
         "seed": seed,
+        "confined": all(g.confined for g in graded),
         "results": [asdict(r) for r in rows_of(graded)],
         "notebooks": [{"student": g.student, "notebook": g.path, "lesson": g.lesson, "errors": g.errors,
                        "refused": g.refused, "seconds": round(g.seconds, 2)} for g in graded],
@@ -103,13 +113,14 @@ def gradescope(graded) -> dict:
         test = {"name": f"{r.exercise} {r.title}", "number": r.exercise, "score": r.score,
                 "max_score": r.max_score, "status": "passed" if r.status == "passed" else "failed",
                 "output": output, "visibility": "visible"}
-        if r.flags:
-            test["extra_data"] = {"flags": list(r.flags)}
+        if r.flags or r.notes:
+            test["extra_data"] = {"flags": list(r.flags), "notes": list(r.notes)}
         tests.append(test)
     notes = [f"{pathlib.Path(g.path).name} raised in {e}" for g in graded for e in g.errors]
     notes += [f"not graded: {g.refused}" for g in graded if g.refused]
     total = sum(t["score"] for t in tests)
-    return {
+    unconfined = {"extra_data": {"confined": False}} if any(not g.confined for g in graded) else {}
+    return {**unconfined,
         "score": total,
         "execution_time": int(round(sum(g.seconds for g in graded))),
         "output": f"{sum(t['status'] == 'passed' for t in tests)} of {len(tests)} exercises passed"

@@ -40,6 +40,7 @@ class Result:
     reproduce: str = ""  # a line that repeats the failing case in the notebook
     needs: str | None = None  # the exercise whose stub the answer reached, when not its own
     seed: int | None = None  # the hidden case that failed (None: the public case)
+    note: str = ""  # for the instructor, never a failure: how long the answer took at scale
 
     @property
     def head(self) -> str:
@@ -49,6 +50,8 @@ class Result:
     def text(self) -> str:
         """The lines ``check`` prints: the head, then (for a failure) the indented details."""
         lines = [self.head]
+        if self.note:
+            lines.append(f"    {self.note}")
         if self.status == FAILED:
             body = self.details.rstrip("\n")
             if self.reproduce and "reproduce:" not in body:
@@ -108,16 +111,17 @@ def _run_cases(ex, answer, seeds, text, guard, remote):
         if result.status != PASSED:
             result.seed = seed
             return result
+    note = ""
     if ex.cost is not None and _is_function(answer):
         last = [s for s in seeds if s is not None]
         try:
-            cost.judge(ex, answer, seed=last[-1] if last else ex.seed, limit=remote.limit if remote else None)
+            note = cost.judge(ex, answer, seed=last[-1] if last else ex.seed, limit=remote.limit if remote else None)
         except Exception as err:  # noqa: BLE001 (the same handling as a case's)
             return _result_of_error(ex, err, f"check({ex.id!r}, {text})".replace("'", '"'), guard, remote)
     violations = guard.violations if guard is not None else remote.violations()
     if violations:  # refused, caught by the answer, and still right
         return _failed(ex, violations[0], "")
-    return Result(ex.id, ex.title, PASSED)
+    return Result(ex.id, ex.title, PASSED, note=note)
 
 
 def _is_function(answer):

@@ -25,8 +25,9 @@ deriving them) and a division by a small step after evaluating a function at shi
 from __future__ import annotations
 
 import ast
+import functools
 
-__all__ = ["ALLOWED_IMPORTS", "flags", "own_apply", "refusals", "unplaced"]
+__all__ = ["ALLOWED_IMPORTS", "copies", "flags", "own_apply", "refusals", "unplaced"]
 
 ALLOWED_IMPORTS = {
     "__future__", "numpy", "math", "cmath", "tinymlp", "checks", "functools", "itertools", "collections",
@@ -54,11 +55,21 @@ FORBIDDEN_ATTRIBUTES = {
     "setprofile": "changes the interpreter's tracing", "modules": "changes the loaded modules (sys.modules)",
     "_exit": "ends the process", "__dict__": "rewrites an object's attributes behind its back",
     "__loader__": "reloads library code", "__spec__": "reloads library code",
+    "__self__": "reaches the module of a built-in function (the built-ins)", "f_builtins": "changes the built-ins",
+    "__mro__": "searches the interpreter's classes", "__bases__": "searches the interpreter's classes",
+    "__base__": "searches the interpreter's classes", "__getattribute__": "reads attributes behind the grader's back",
+    "_DIVERTED": "reaches into the grader's guard", "_RAISED": "reaches into the grader's guard",
 }
+GRADER = {"check", "skipped", "case", "EXERCISES"}
+"""What of ``tinymlp.lessons`` a notebook uses: the rest is the grader's (its guard, its processes)."""
 DYNAMIC = {"getattr", "setattr", "delattr"}
 BINDING_CALLS = {"exec", "eval", "compile", "globals", "locals", "vars", "__import__", "setattr"}
 COMPLEX_NAMES = {"complex", "complex64", "complex128", "complex256", "complex_", "cdouble", "csingle",
-                 "clongdouble", "cfloat", "longcomplex", "imag", "iscomplexobj"}
+                 "clongdouble", "cfloat", "longcomplex", "imag", "iscomplexobj", "emath", "scimath", "conj",
+                 "conjugate", "angle", "iscomplex", "real_if_close"}
+EXTENDED = {"longdouble", "float128", "float96", "longfloat", "clongdouble", "complex256", "Decimal", "Fraction",
+            "mpf", "mpmath"}
+EXTENDED_DTYPES = {"g", "f16", "f12", "longdouble", "float128", "float96"}
 COMPLEX_DTYPES = {"complex", "complex64", "complex128", "c8", "c16", "D", "F", "G"}
 ARITHMETIC = {"__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
               "__rtruediv__", "__pow__", "__neg__"}
@@ -90,6 +101,10 @@ def unplaced(program) -> list:
 
 def _refused(st, node):
     at = _at(st, node)
+    reached = _grader_module(node)
+    if reached:
+        return [f"the answer's code reaches into the grader ({reached} {at}), whose guard and processes the answer "
+                "must not touch: an answer computes with NumPy and tinymlp"]
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
         if isinstance(node, ast.ImportFrom) and node.level:
@@ -108,6 +123,15 @@ def _refused(st, node):
                 out.append(f"the answer's code imports {name} {at}: an answer may import numpy, math, tinymlp and "
                            "the standard helpers (functools, itertools, collections, ...)")
         return out
+    if isinstance(node, ast.Call) and _called(node) in ("attrgetter", "methodcaller"):
+        names = node.args[:1] if _called(node) == "methodcaller" else node.args
+        for name in names:
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                return [f"the answer's code calls {_called(node)} with an attribute name built at run time {at}: "
+                        "name the attribute"]
+            bad = [part for part in name.value.split(".") if part in FORBIDDEN_ATTRIBUTES]
+            if bad:
+                return [f"the answer's code uses .{bad[0]} {at}, which {FORBIDDEN_ATTRIBUTES[bad[0]]}"]
     if isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
         return [f"the answer's code uses {node.id} {at}, which {FORBIDDEN_NAMES[node.id]}"]
     if isinstance(node, ast.Attribute) and node.attr == "fast" and _root(node) is not None:
@@ -123,6 +147,30 @@ def _refused(st, node):
         if isinstance(name, ast.Constant) and name.value in FORBIDDEN_ATTRIBUTES:
             return [f"the answer's code uses .{name.value} {at}, which {FORBIDDEN_ATTRIBUTES[name.value]}"]
     return []
+
+
+def _called(call):
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _grader_module(node):
+    """``tinymlp.lessons.forbidden`` (or the like) when the node imports or names a module of the
+    grader's, else ""."""
+    names = []
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module == "tinymlp.lessons":
+        names = [f"tinymlp.lessons.{a.name}" for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+        names = [node.module]
+    elif isinstance(node, ast.Attribute):
+        names = [ast.unparse(node)]
+    for name in names:
+        parts = name.split(".")
+        if parts[:2] == ["tinymlp", "lessons"] and len(parts) > 2 and parts[2] not in GRADER | {"checks"}:
+            return ".".join(parts[:3])
+    return ""
 
 
 def _complex(st, node):
@@ -184,16 +232,76 @@ def flags(program, ex) -> list:
         for node in ast.walk(st.node):
             if isinstance(node, ast.ClassDef):
                 bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
-                ops = sorted({f.name for f in node.body if isinstance(f, ast.FunctionDef)} & ARITHMETIC)
+                ops = sorted(_operators(node) & ARITHMETIC)
                 if len(ops) >= 2 and not bases & {"Function", "Module", "Exception", "Tensor"}:
                     found.append(f"defines its own number type, {node.name} ({', '.join(ops)}) {_at(st, node)}: "
                                  "dual numbers compute a derivative without deriving it")
+            found += _made_number_type(st, node) + _extended(st, node)
+            if isinstance(node, ast.ClassDef):
+                found += _forward_in_backward(st, node)
             if isinstance(node, (ast.FunctionDef, ast.Lambda)):
                 step = _finite_difference(node)
                 if step:
                     found.append(f"divides by a small step ({step}) after evaluating at shifted points "
                                  f"{_at(st, node)}: a finite difference")
     return list(dict.fromkeys(found))
+
+
+def _operators(cls):
+    """The names a class body defines or assigns (``def __add__``, ``__radd__ = __add__``)."""
+    names = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for item in cls.body:
+        targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(
+            item, (ast.AnnAssign, ast.AugAssign)) else []
+        for t in targets:
+            names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _made_number_type(st, node):
+    """A number type made without a class body: ``type("D", (), {"__add__": ...})`` or
+    ``setattr(D, "__mul__", ...)`` / ``D.__mul__ = ...``."""
+    ops = set()
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" and len(
+            node.args) == 3 and isinstance(node.args[2], ast.Dict):
+        ops = {k.value for k in node.args[2].keys if isinstance(k, ast.Constant)} & ARITHMETIC
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and len(
+            node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in ARITHMETIC:
+        ops = {node.args[1].value}
+    elif isinstance(node, ast.Assign):
+        ops = {t.attr for t in node.targets if isinstance(t, ast.Attribute)} & ARITHMETIC
+    if not ops:
+        return []
+    return [f"gives a type arithmetic operators at run time ({', '.join(sorted(ops))} {_at(st, node)}): a number "
+            "type of its own (dual numbers) computes a derivative without deriving it"]
+
+
+def _extended(st, node):
+    """Extended precision (``np.longdouble``, ``float128``, a ``"g"`` dtype): where a difference
+    quotient becomes exact enough to pass for a derived gradient."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    if name not in EXTENDED and isinstance(node, ast.Call):
+        dtypes = [k.value for k in node.keywords if k.arg == "dtype"]
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("astype", "view") and node.args:
+            dtypes.append(node.args[0])
+        name = next((repr(d.value) for d in dtypes if isinstance(d, ast.Constant) and isinstance(d.value, str)
+                     and d.value.lstrip("<>=") in EXTENDED_DTYPES), None)
+    if name in EXTENDED or (name and name.startswith("'")):
+        return [f"computes in extended precision ({name} {_at(st, node)}): a difference quotient in extended "
+                "precision can pass for a derived gradient"]
+    return []
+
+
+def _forward_in_backward(st, cls):
+    """A Function whose backward calls its forward (``Cls.forward``, ``cls.forward``)."""
+    found = []
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name == "backward":
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                if isinstance(call.func, ast.Attribute) and call.func.attr == "forward":
+                    found.append(f"backward calls forward ({ast.unparse(call.func)} {_at(st, call)}): forward at "
+                                 "other points is a finite difference, not a derivation")
+    return found
 
 
 def _small(node, steps):
@@ -251,6 +359,30 @@ def _carries(node, shifts):
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
         return _carries(node.left, shifts) or _carries(node.right, shifts)
     return False
+
+
+def copies(program, ex) -> list:
+    """Flags for the answer's functions whose code is the exercise's forbidden code instruction for
+    instruction, pasted or renamed (by content: ``forbidden.Guard.copied``); the program is
+    compiled, never run. A flag, not a refusal: a short canonical formula can come out the same."""
+    guard = _guard(ex)
+    found = []
+    for st in program.statements:
+        try:
+            code = compile(ast.Module(body=[st.node], type_ignores=[]), st.filename, "exec")
+        except (SyntaxError, ValueError):
+            continue
+        found += [f"{line.replace(': write it yourself', '')} (instruction for instruction, names aside; "
+                  f"{_at(st, st.node)[1:-1]})"
+                  for line in guard.copied(code)]
+    return list(dict.fromkeys(found))
+
+
+@functools.lru_cache(maxsize=None)
+def _guard(ex):
+    from .forbidden import Guard
+
+    return Guard(ex, process=True)
 
 
 def own_apply(program) -> str:

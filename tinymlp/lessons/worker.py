@@ -21,7 +21,8 @@ grader's requests until the grader closes the pipe:
 * ``grad``: backward from a kept output with the grader's upstream gradient; the gradients of
   the marked inputs, then of the module's parameters;
 * ``parameters``: a module's named parameters; ``violations``: the refusals so far (the answer
-  may have caught them); ``backwards``: the answer's own Functions whose backward has run.
+  may have caught them); ``backwards``: the answer's own Functions whose backward has run;
+  ``evidence``: the answer's own number types (dual numbers), however they were made.
 
 What this process computes is only ever the answer's numbers: the inputs, the references, the
 comparisons and the grade are the grader's.
@@ -42,14 +43,16 @@ import numpy as np
 
 __all__ = ["serve"]
 
+ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__pow__", "__neg__")
 KEEP_GRAPHS = 64  # recorded calls kept for a backward (gradcheck records one or two at a time)
 
 
 class _Exercise:
     """What the guard needs to know of an exercise (the checks are not loaded here)."""
 
-    def __init__(self, ex_id, forbidden):
-        self.id, self.forbidden = ex_id, tuple(forbidden)
+    def __init__(self, ex_id, forbidden, derived=False):
+        self.id, self.forbidden, self.derived = ex_id, tuple(forbidden), derived
 
 
 def zygote(fd):
@@ -117,7 +120,7 @@ def serve(job, requests, replies):
     from .confine import confine
     from .forbidden import Guard
 
-    guard = Guard(_Exercise(job["exercise"], job.get("forbidden", ())), process=True)
+    guard = Guard(_Exercise(job["exercise"], job.get("forbidden", ()), bool(job.get("derived"))), process=True)
     guard.__enter__()
     server = _Server(guard, requests, replies)
     statements, answer_code, files = _compile(job)
@@ -327,6 +330,29 @@ class _Server:
     def do_backwards(self, message):
         return {"value": sorted(self.guard.ran)}
 
+    def do_evidence(self, message):
+        """The answer's own number types, however they were made (a class body, ``type(...)``,
+        operators assigned later): classes of the notebook's with two arithmetic operators or more."""
+        from ..autograd import Function
+        from ..nn import Module
+
+        found, stack, seen = [], list(object.__subclasses__()), set()
+        while stack:
+            cls = stack.pop()
+            if cls in seen:
+                continue
+            seen.add(cls)
+            try:
+                stack.extend(type.__subclasses__(cls))
+            except TypeError:
+                continue
+            if cls.__module__ != "__main__" or issubclass(cls, (Function, Module, BaseException)):
+                continue
+            ops = sorted(name for name in ARITHMETIC if callable(vars(cls).get(name)))
+            if len(ops) >= 2:
+                found.append(f"{cls.__qualname__} ({', '.join(ops)})")
+        return {"value": sorted(found)}
+
 
 def _within(err, kind):
     seen = set()
@@ -336,6 +362,18 @@ def _within(err, kind):
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def sandboxed(requests, replies):
+    """In an answer's sandbox (``sandbox.py``): read the job, the first message on ``requests``,
+    then serve it."""
+    import json
+
+    from .wire import read_frame
+
+    os.set_inheritable(requests, False)
+    os.set_inheritable(replies, False)
+    serve(json.loads(read_frame(requests)), requests, replies)
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--zygote":
