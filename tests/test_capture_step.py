@@ -127,7 +127,7 @@ def test_without_the_binding_the_products_are_cupys_and_the_step_is_not_captured
 
 
 # ============================================================================ replays equal the eager steps
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", [n if n == "mixer_cifar" else pytest.param(n, marks=pytest.mark.slow) for n in SMALL])
 def test_a_captured_step_replays_the_eager_steps_bit_for_bit(gpu, name):
     """Forward, loss, backward, clipping and AdamW (two groups, a schedule; the Mixer with
     dropout), captured after two warm-up steps and replayed: the same losses at every step, the
@@ -155,6 +155,7 @@ def test_a_replayed_step_reads_nothing_back_and_issues_a_few_host_operations(gpu
     assert kinds["graph launch"] == 1 and cupy_standin.OPS.count <= 6, kinds
 
 
+@pytest.mark.slow
 def test_the_last_partial_batch_runs_eagerly_and_equals_the_eager_step(gpu):
     data = batches(5, last=3)
     eager, graphed = Run("amlp_cifar"), Run("amlp_cifar")
@@ -194,6 +195,7 @@ def test_steps_that_cannot_be_captured_at_all_run_eagerly_with_their_reason(gpu)
     assert masked.why == "a batch of MaskedIds (values of its own each batch)" and masked.reason is None
 
 
+@pytest.mark.slow
 def test_arrays_replaced_since_the_capture_are_captured_again(gpu):
     """A new optimizer state (load_state_dict) drops the graph: two warm-up steps and a new
     capture, and the run still equals the eager one."""
@@ -208,6 +210,7 @@ def test_arrays_replaced_since_the_capture_are_captured_again(gpu):
     assert_same_state(graphed.state(), eager.state())
 
 
+@pytest.mark.slow
 def test_a_text_models_step_with_label_smoothing_replays_the_eager_steps(gpu):
     """Token ids (embedding gathers and their scatter-add backward, segment ids made each step)."""
     from tinymlp.models import TextGMLP
@@ -234,6 +237,7 @@ def test_a_text_models_step_with_label_smoothing_replays_the_eager_steps(gpu):
 
 
 # ============================================================================ what the graph holds
+@pytest.mark.slow
 def test_the_graph_holds_the_pointer_tables_and_constants_that_caches_let_go(gpu):
     """The optimizer's pointer tables and the Linear's ones vectors live in caches that drop
     old entries; a graph reads them by address, so it holds them: emptied caches (other tables
@@ -248,6 +252,7 @@ def test_the_graph_holds_the_pointer_tables_and_constants_that_caches_let_go(gpu
     assert losses == eager.train(eager.step, data)
 
 
+@pytest.mark.slow
 def test_pointer_tables_first_seen_during_capture_are_uploaded_before_the_first_launch(gpu):
     """The gradients the capture allocates have addresses no table had: their tables (for the
     clipping and the gather) are filled once, before the first replay, not during capture."""
@@ -271,6 +276,7 @@ def test_the_in_place_guard_refuses_a_graph_whose_parameters_a_replay_changed(gp
         stale.backward()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_taken_between_replays_resumes_exactly(gpu, tmp_path):
     """Saved after replayed steps (their step counts advanced by the host halves), loaded into a
     fresh model and optimizer, continued with a new capture: the uninterrupted eager run."""
@@ -302,6 +308,7 @@ def _fit(graph, epochs=2):
     return history, READS.count - before
 
 
+@pytest.mark.slow
 def test_fit_replays_its_step_and_says_which_steps_ran_how(gpu):
     graphed, reads = _fit(graph=True)
     eager, _ = _fit(graph=False)
@@ -314,6 +321,7 @@ def test_fit_replays_its_step_and_says_which_steps_ran_how(gpu):
     assert "5 of 6 steps replayed from a CUDA graph" in format_epoch(graphed)
 
 
+@pytest.mark.slow
 def test_fit_resumed_from_a_checkpoint_continues_the_graphed_run_exactly(gpu, tmp_path):
     """A run stopped after an epoch of replayed steps (dropout on), saved, loaded into new objects
     and continued (a new capture) gives the uninterrupted run's losses."""

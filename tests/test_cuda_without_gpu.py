@@ -628,7 +628,7 @@ def _step_ops(model, x, y, optimizer):
     return ops, ops.count - before
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", [n if n == "mixer_cifar" else pytest.param(n, marks=pytest.mark.slow) for n in SMALL])
 def test_a_training_step_copies_no_gradient_and_updates_all_parameters_in_a_few_launches(emulated, name):
     """What keeps a GPU step from being bound by the host: each parameter's gradient is the
     array its op's backward made (no copy a parameter), and clipping and AdamW cost a few

@@ -100,6 +100,7 @@ def submit(folder, student, nb):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.lessons
 def test_three_honest_styles_pass_with_no_flag(tmp_path, checkout_env):
     folder = tmp_path / "submissions"

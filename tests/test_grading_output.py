@@ -100,6 +100,7 @@ def test_places_that_cannot_be_written_are_one_line(tmp_path):
             locked.chmod(0o700)
 
 
+@pytest.mark.slow
 def test_a_full_disk_leaves_the_previous_results_whole_and_says_so_in_one_line(tmp_path):
     alice = submit(tmp_path / "subs", "alice")
     out = tmp_path / "grades.json"
@@ -114,6 +115,7 @@ def test_a_full_disk_leaves_the_previous_results_whole_and_says_so_in_one_line(t
     assert not list(folder.rglob("*.tmp*")) and not list(folder.rglob(".*"))
 
 
+@pytest.mark.slow
 def test_results_are_written_whole(tmp_path):
     alice = submit(tmp_path / "subs", "alice")
     out = tmp_path / "grades.csv"

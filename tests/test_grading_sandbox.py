@@ -64,6 +64,7 @@ def daemon(marker, target):
             "print('started')")
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_nothing_a_notebook_starts_outlives_its_run_or_writes_outside_its_scratch(tmp_path, checkout_env):
     victim = tmp_path / "out" / "results.json"
@@ -78,6 +79,7 @@ def test_nothing_a_notebook_starts_outlives_its_run_or_writes_outside_its_scratc
     assert victim.read_text() == "the grader's"
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_a_notebook_sees_neither_the_answer_key_nor_the_classmates_nor_the_network(tmp_path, checkout_env):
     bob = submit(tmp_path / "subs", "bob", "04_layernorm.ipynb", "x = 1")
@@ -156,6 +158,7 @@ def attempt():
             proc.first["answer"]()
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_a_process_left_behind_cannot_rewrite_the_gradescope_results(tmp_path, checkout_env):
     out = tmp_path / "results"
@@ -170,6 +173,7 @@ def test_a_process_left_behind_cannot_rewrite_the_gradescope_results(tmp_path, c
     assert processes_with(marker) == []
 
 
+@pytest.mark.slow
 def test_without_a_sandbox_the_grader_says_so_in_one_line_and_grades_only_when_told(tmp_path):
     path = submit(tmp_path / "subs", "alice", "06_mlp_mixer.ipynb", "x = 1")
     env = {**os.environ, "PATH": os.path.dirname(sys.executable), "PYTHONPATH": str(ROOT)}   # no bwrap on it

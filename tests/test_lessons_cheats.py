@@ -427,6 +427,7 @@ def test_ways_around_the_scan_are_refused_with_the_construct(name, tmp_path, che
     assert result["status"] == "FAILED" and reason in result["details"], (name, result["details"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(DERIVED))
 def test_a_gradient_never_derived_fails_or_is_flagged_with_its_reason(name, tmp_path, checkout_env):
     ex_id, answer, source, reason, flag = DERIVED[name]

@@ -130,6 +130,7 @@ def test_16_bit_images_are_scaled_in_training_and_in_predict(tmp_path):
 
 
 # ---------------------------------------------------------------------- texts and pairs
+@pytest.mark.slow
 def test_a_tab_is_a_pair_only_for_a_pair_model(tmp_path):
     single, pair = load(text_checkpoint(tmp_path / "s.npz", False)), load(text_checkpoint(tmp_path / "p.npz", True))
     with pytest.raises(PredictError, match=r"s.npz is a model of single texts: \('a fine film', 'a plot'\) is a pair"):
@@ -150,6 +151,7 @@ def test_a_tab_is_a_pair_only_for_a_pair_model(tmp_path):
 
 
 # ---------------------------------------------------------------------- file names and pipes
+@pytest.mark.slow
 @needs_pillow
 @pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
 def test_any_file_name_is_shown_and_the_json_stays_valid(tmp_path, encoding):
