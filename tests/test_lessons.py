@@ -358,6 +358,31 @@ def test_check_prints_one_line_and_never_raises(checks, capsys):
     assert "no such exercise" in capsys.readouterr().out
 
 
+def test_a_report_names_the_students_own_function_not_the_checks_wrapper(checks, capsys):
+    """The gradcheck report of a failing exercise names what the student wrote (``MySwish.apply``),
+    in its header and its reproduce line, never a function of the checks (``swish``)."""
+    import numpy as np
+
+    from tinymlp import Function
+
+    class MySwish(Function):
+        @staticmethod
+        def forward(ctx, x):
+            s = 1 / (1 + np.exp(-x))
+            ctx.save_for_backward(x, s)
+            return x * s
+
+        @staticmethod
+        def backward(ctx, g):
+            x, s = ctx.saved_tensors
+            return g * (s + x * s)                      # the (1 - s) factor left out
+
+    assert not checks.check("10.2", MySwish)
+    out = capsys.readouterr().out
+    assert "gradcheck FAILED: MySwish.apply" in out and 'case("10.2", MySwish)' in out, out
+    assert "FAILED: swish" not in out and "gradcheck(swish" not in out, out
+
+
 def test_a_check_cell_shows_its_line_and_no_value(checks, capsys):
     formatters = pytest.importorskip("IPython.core.formatters")
 

@@ -170,6 +170,15 @@ class Captured(Exception):
         self.fn, self.inputs = fn, inputs
 
 
+def shown_as(cls):
+    """Decorator: a check's wrapper around the student's Function named after it (``SwishFunction.apply``),
+    so that gradcheck's report names what the student wrote, not a function of the checks."""
+    def named(fn):
+        fn.__name__ = fn.__qualname__ = f"{cls.__name__}.apply"
+        return fn
+    return named
+
+
 def run_gradcheck(fn, inputs, case: Case, explain=None):
     """tinymlp.gradcheck in float64; a failing report's reproduce line runs in the notebook.
 

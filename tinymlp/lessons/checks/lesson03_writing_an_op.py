@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import CostCase, exercise
-from .common import C0, C1, close, exact, gelu_grad, grads, rows, run_gradcheck, t64, wrong_term
+from .common import C0, C1, close, exact, gelu_grad, grads, rows, run_gradcheck, shown_as, t64, wrong_term
 from .common import gelu as gelu_reference
 
 
@@ -23,6 +23,8 @@ def linear(cls, case):
     for w_shape in case.pick([(4, 4), (4, 3)], [(5, 5), (5, 2)]):
         x, w = t64(rng.normal(size=lead + w_shape[:1])), t64(rng.normal(size=w_shape))
         b = t64(rng.normal(size=w_shape[1]))
+
+        @shown_as(cls)
 
         def linear(x, weight, bias):
             return cls.apply(x, weight, bias)
@@ -46,6 +48,8 @@ def gelu_cost(rng):
           forbidden=("tinymlp.ops.activation.GELU",))
 def gelu_backward(cls, case):
     x = t64(case.rng.normal(size=case.pick((4, 6), (3, 7))) * 2)
+
+    @shown_as(cls)
 
     def gelu(x):
         return cls.apply(x)

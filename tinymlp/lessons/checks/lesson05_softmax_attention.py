@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..registry import CostCase, Wrong, exercise
-from .common import array_of, close, exact, grads, rearranged, run_gradcheck, t64, wrong_term
+from .common import array_of, close, exact, grads, rearranged, run_gradcheck, shown_as, t64, wrong_term
 from .common import softmax as softmax_reference
 
 
@@ -21,6 +21,8 @@ def softmax_cost(rng):
           forbidden=("tinymlp.ops.attention.Softmax", "tinymlp.ops.attention.LogSoftmax"))
 def softmax_backward(cls, case):
     x = t64(case.rng.normal(size=case.pick((3, 6), (4, 5))) * 2)
+
+    @shown_as(cls)
 
     def softmax(x):
         return cls.apply(x)
@@ -57,6 +59,8 @@ def cross_entropy_backward(cls, case):
     logits = t64(case.rng.normal(size=(N, V)) * 2)
     labels = case.rng.integers(0, V, size=N)
 
+    @shown_as(cls)
+
     def cross_entropy(logits):
         return cls.apply(logits, labels.copy())
 
@@ -85,6 +89,8 @@ def attention_backward(cls, case):
     rng = case.rng
     B, T, S, d, dv = case.pick((2, 4, 6, 5, 3), (3, 3, 5, 4, 2))
     q, k, v = t64(rng.normal(size=(B, T, d))), t64(rng.normal(size=(B, S, d))), t64(rng.normal(size=(B, S, dv)))
+
+    @shown_as(cls)
 
     def attention(q, k, v):
         return cls.apply(q, k, v)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...tensor import Tensor
 from ..registry import CostCase, Wrong, exercise
-from .common import close, exact, grads, rows, run_gradcheck, t64, wrong_term
+from .common import close, exact, grads, rows, run_gradcheck, shown_as, t64, wrong_term
 
 
 def rms_norm_reference(x, w, eps=1e-6):
@@ -27,6 +27,8 @@ def rmsnorm(cls, case):
     rng = case.rng
     shape = case.pick((3, 4, 6), (2, 3, 5))
     x, w = t64(rng.normal(size=shape)), t64(rng.uniform(0.5, 1.5, shape[-1]))
+
+    @shown_as(cls)
 
     def rms_norm(x, weight):
         return cls.apply(x, weight)
@@ -67,6 +69,8 @@ def swish_cost(rng):
           forbidden=("tinymlp.ops.elementwise.Sigmoid",))
 def swish_backward(cls, case):
     x = t64(case.rng.normal(size=case.pick((5, 7), (4, 6))) * 3)
+
+    @shown_as(cls)
 
     def swish(x):
         return cls.apply(x)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ... import tensor
 from ..registry import CostCase, Wrong, exercise
-from .common import array_of, close, exact, grads, run_gradcheck, t64
+from .common import array_of, close, exact, grads, run_gradcheck, shown_as, t64
 
 
 def embedding_cost(rng):
@@ -25,6 +25,8 @@ def embedding_backward(cls, case):
                     np.array([[5, 5, 2], [0, 5, 6], [2, 2, 2]]))
     En = E.numpy().copy()
     close("forward", cls.apply(E, ids.copy()), En[ids])
+
+    @shown_as(cls)
 
     def embedding(E):
         return cls.apply(E, ids.copy())
@@ -87,6 +89,8 @@ def masked_mean_backward(cls, case):
             b, s = map(int, np.argwhere((dx != 0).any(axis=-1) & ~mask)[0])
             raise Wrong(f"backward: the mask is missing; the padding position (b={b}, s={s}) gets "
                         f"{np.round(dx[b, s], 4)} but must get exactly 0 (it does not enter y)")
+
+    @shown_as(cls)
 
     def masked_mean(x):
         return cls.apply(x, mask.copy())
