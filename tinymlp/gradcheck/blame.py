@@ -147,6 +147,17 @@ def _same_memory(a, b):
     return bool(may_share is not None and type(a) is type(b) and may_share(a, b))
 
 
+def fresh_graph(run):
+    """One more graph of the checked call, with the checked tensors' gradients cleared:
+    ``(outputs, its nodes, [(node, label, array, a copy of it)] for every array its Functions saved)``."""
+    for c in run.checked:
+        c.tensor.grad = None
+    with enable_grad():
+        outputs = run.ev.outputs()
+    nodes = graph_nodes(outputs)
+    return outputs, nodes, [(node, label, arr, host(arr).copy()) for node in nodes for label, arr in arrays_of(node)]
+
+
 def backward_in_place(run):
     """Problems of a backward that changes arrays it does not own, found on one more graph.
 
@@ -158,12 +169,7 @@ def backward_in_place(run):
     gradient came through a changed array to the sentence that says so.
     """
     checked = run.checked
-    for c in checked:
-        c.tensor.grad = None
-    with enable_grad():
-        outputs = run.ev.outputs()
-    nodes = graph_nodes(outputs)
-    before = [(node, label, arr, host(arr).copy()) for node in nodes for label, arr in arrays_of(node)]
+    outputs, nodes, before = fresh_graph(run)
     upstream = [g.reshape(y.shape).copy() for y, g in zip(outputs, run.ev.upstream)]
     given = [u.copy() for u in upstream]
     watch = Watch(nodes)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..grad_mode import enable_grad, no_grad
 from ..backend import to_device
-from .blame import arrays_of, function_name, graph_nodes
+from .blame import fresh_graph, function_name
 from .plan import close_bits, host, same_bits
 
 
@@ -76,12 +76,7 @@ def saved_state(run, grads):
     its Functions saved must be as it was, and the gradients as ``grads``.
     """
     checked = run.checked
-    for c in checked:
-        c.tensor.grad = None
-    with enable_grad():
-        outputs = run.ev.outputs()
-    nodes = graph_nodes(outputs)
-    before = [(node, label, arr, host(arr).copy()) for node in nodes for label, arr in arrays_of(node)]
+    outputs, _, before = fresh_graph(run)
     try:
         with enable_grad(), other_inputs(run):
             run.ev.outputs()
