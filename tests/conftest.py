@@ -114,3 +114,47 @@ def checkout_env(monkeypatch):
         [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(var, os.environ.get(var, "1"))
+
+
+@pytest.fixture
+def with_file_size_limit():
+    """with_file_size_limit(n, fn) -> fn(), run in a forked child whose files stop at n bytes
+    (EFBIG, as on a full disk); the child sees the test's monkeypatches and fixtures as they are.
+
+    A process limit is set in a child, never in pytest's own process: there it would also stop
+    pytest's report whenever that goes to a file longer than n bytes (a CI log). An exception in
+    fn fails the test with the child's traceback; fn returns what the test checks (a message, an
+    exit status, captured output), which must pickle."""
+    import pickle
+    import resource
+    import traceback
+
+    def run(limit, fn):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                               # the child: limit, run, report, exit
+            try:
+                os.close(read)
+                hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+                try:
+                    payload = pickle.dumps((True, fn()))
+                except BaseException:
+                    payload = pickle.dumps((False, traceback.format_exc()))
+                with os.fdopen(write, "wb") as pipe:
+                    pipe.write(payload)
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            payload = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        if not payload:
+            pytest.fail(f"the child with files limited to {limit} bytes ended without reporting "
+                        f"(wait status {status})")
+        ok, value = pickle.loads(payload)
+        if not ok:
+            pytest.fail(f"in the child with files limited to {limit} bytes:\n{value}", pytrace=False)
+        return value
+
+    return run

@@ -201,11 +201,14 @@ def test_no_lesson_suggests_installing_the_pypi_name_tinymlp():
     assert offenders == []
 
 
-def test_fit_reports_the_first_steps_warmup_apart_from_images_per_sec():
-    import time
+def test_fit_reports_the_first_steps_warmup_apart_from_images_per_sec(monkeypatch):
+    from types import SimpleNamespace
 
     from tinymlp.data import DataLoader, SyntheticImages
     from tinymlp.train import fit, format_epoch
+
+    now = [0.0]                                       # fit's clock: it moves only when the model runs
+    monkeypatch.setattr(tinymlp.train, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
     class SlowFirstCall(tinymlp.nn.Module):          # a first step that compiles for a second
         def __init__(self):
@@ -216,19 +219,19 @@ def test_fit_reports_the_first_steps_warmup_apart_from_images_per_sec():
 
         def forward(self, x):
             self.calls += 1
-            if self.calls == 1:
-                time.sleep(1.0)
+            now[0] += 1.0 if self.calls == 1 else 0.01
             return self.inner(x)
 
     model = SlowFirstCall()
     loader = DataLoader(SyntheticImages(32, seed=0), 8, shuffle=False)
     history = fit(model, tinymlp.optim.SGD(model.parameters(), lr=0.01), loader, epochs=1, progress=False)
-    assert history.warmup_time[0] >= 1.0
-    assert history.images_per_sec[0] > 100          # 24 images after the first step, not 32 in over 1 s
-    assert "first step 1." in format_epoch(history)
+    assert history.warmup_time[0] == pytest.approx(1.0)
+    assert history.images_per_sec[0] == pytest.approx(24 / 0.03)   # the three later steps, not 32 / 1.03 s
+    assert "first step 1.0 s" in format_epoch(history)
     later = fit(model, tinymlp.optim.SGD(model.parameters(), lr=0.01), loader, epochs=2, start_epoch=1,
                 history=history, progress=False)
-    assert later.warmup_time[1] is not None and len(later.to_dict()["warmup_time"]) == 2
+    assert later.warmup_time[1] == pytest.approx(0.01) and len(later.to_dict()["warmup_time"]) == 2
+    assert later.images_per_sec[1] == pytest.approx(24 / 0.03)
 
 
 # ============================================================================ whole steps on the "GPU"

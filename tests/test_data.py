@@ -654,39 +654,31 @@ def test_loader_with_mixup_yields_soft_targets():
 
 
 # --------------------------------------------------------------------------- full disks and damaged names
-@pytest.fixture
-def file_size_limit():
-    """limit(n): files this process writes stop at n bytes (as on a full disk: EFBIG), until the test ends."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+def refusal(root):
+    """The message of the DatasetError that loading CIFAR-10 into root raises."""
+    with pytest.raises(DatasetError) as err:
+        CIFAR10(root=root, progress=False)
+    return str(err.value)
 
 
-def test_a_full_disk_while_downloading_names_the_file_not_the_network(tmp_path, monkeypatch, file_size_limit):
+def test_a_full_disk_while_downloading_names_the_file_not_the_network(tmp_path, monkeypatch,
+                                                                     with_file_size_limit):
     tiny = make_tiny(tmp_path, "cifar10")
     monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
     root = tmp_path / "data"
-    file_size_limit(4096)
-    with pytest.raises(DatasetError) as err:
-        CIFAR10(root=root, progress=False)
-    message = str(err.value)
+    message = with_file_size_limit(4096, lambda: refusal(root))
     assert f"writing {root / tiny.spec.filename} failed: File too large" in message
     assert "network" not in message and tree(root) == []
 
 
 def test_a_full_disk_while_unpacking_names_the_folder_not_a_corrupt_archive(tmp_path, monkeypatch,
-                                                                          file_size_limit, no_network):
+                                                                          with_file_size_limit, no_network):
     tiny = make_tiny(tmp_path, "cifar10")
     monkeypatch.setitem(ARCHIVES, "cifar10", tiny.spec)
     root = tmp_path / "data"
     root.mkdir()
     (root / tiny.spec.filename).write_bytes(tiny.archive.read_bytes())
-    file_size_limit(4096)
-    with pytest.raises(DatasetError) as err:
-        CIFAR10(root=root, progress=False)
-    message = str(err.value)
+    message = with_file_size_limit(4096, lambda: refusal(root))
     assert f"unpacking {root / tiny.spec.filename} into {root} failed: File too large" in message
     assert "corrupted" not in message and tree(root) == [tiny.spec.filename]
 

@@ -6,7 +6,6 @@ engine), so a test fails if the engine routes, accumulates or frees gradients wr
 
 import gc
 import sys
-import time
 import types
 import weakref
 
@@ -386,13 +385,11 @@ def test_chain_of_100k_ops_backpropagates_without_recursion():
     assert sys.getrecursionlimit() < n  # a recursive topological sort would fail here
     x = leaf([1.0, 2.0])
     y = x
-    start = time.perf_counter()
     for _ in range(n):
         y = y + 1.0
     y.sum().backward()
     np.testing.assert_array_equal(x.grad, [1.0, 1.0])
     np.testing.assert_array_equal(y.data, [1.0 + n, 2.0 + n])
-    assert time.perf_counter() - start < 30  # about a second; linear, not quadratic
 
 
 @pytest.mark.slow

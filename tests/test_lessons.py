@@ -192,6 +192,10 @@ def _reports(text):
             head = None
 
 
+REPORT_SOURCE = re.compile(r"gradcheck|assert_grads|report|reproduce")
+"""What the source of a cell that can print a gradcheck report names."""
+
+
 def _pasted(line):
     """A cell that runs the reproduce line as pasted, and prints the report it gives."""
     import ast
@@ -223,7 +227,9 @@ def test_a_report_and_its_reproduce_line_are_read_from_a_cell():
 def test_every_reproduce_line_a_lesson_prints_runs_when_pasted_there(path, kernel_env):
     """Run the lesson cell by cell; after a cell that prints a report, paste its reproduce line
     into the next cell: it must run there (no NameError, no other tensor of the same name) and
-    give the same report: the same verdict, the same function, the same table."""
+    give the same report: the same verdict, the same function, the same table. The run stops
+    after the last cell that can print one (its source names gradcheck or a report): the cells
+    after it (a lesson's training runs) print none, and the worked-lesson test runs them."""
     import nbclient
     import nbformat
     from nbformat.v4 import new_code_cell
@@ -232,8 +238,9 @@ def test_every_reproduce_line_a_lesson_prints_runs_when_pasted_there(path, kerne
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
                                      resources={"metadata": {"path": str(LESSONS)}})
     pasted = []
+    reporting = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and REPORT_SOURCE.search(c.source)]
     with client.setup_kernel():
-        for index, cell in enumerate(list(nb.cells)):
+        for index, cell in enumerate(list(nb.cells)[:max(reporting, default=-1) + 1]):
             if cell.cell_type != "code":
                 continue
             client.execute_cell(cell, index)

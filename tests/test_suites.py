@@ -52,3 +52,40 @@ def test_the_everyday_suite_and_the_rest_are_the_whole_suite():
     assert everyday | rest == whole, sorted(whole - everyday - rest)[:10]
     files = {test.split("::")[0].split("/")[-1] for test in everyday}
     assert not set(EVERYDAY_FILES) - files, sorted(set(EVERYDAY_FILES) - files)
+
+
+# ------------------------------------------------------------------- what a test may change in pytest
+def _limits_set_in_pytest(source: str) -> list:
+    """Where a module calls resource.setrlimit / prlimit outside a function handed to a child:
+    a ``preexec_fn=`` of the same module, or the function conftest's ``with_file_size_limit`` forks."""
+    import ast
+
+    tree = ast.parse(source)
+    handed = {name.id for node in ast.walk(tree) if isinstance(node, ast.Call) for kw in node.keywords
+              if kw.arg == "preexec_fn" for name in ast.walk(kw.value) if isinstance(name, ast.Name)}
+    handed |= {"with_file_size_limit"}
+    inside = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for child in ast.walk(node):
+                inside.setdefault(id(child), []).append(getattr(node, "name", "<lambda>"))
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("setrlimit", "prlimit") and not handed & set(inside.get(id(node), []))]
+
+
+def test_no_test_sets_a_process_limit_in_pytests_own_process():
+    """A file-size or memory limit set in pytest's process also stops pytest's own report once that
+    goes to a file longer than the limit (CI's log): a test sets it in a child it starts."""
+    found = {path.name: lines for path in sorted((ROOT / "tests").glob("*.py"))
+             if (lines := _limits_set_in_pytest(path.read_text()))}
+    assert found == {}
+
+
+def test_the_limit_rule_finds_a_limit_set_in_pytests_process():
+    planted = ("import resource, subprocess\n"
+               "def test_a():\n    resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))\n"
+               "def test_b():\n    def capped():\n        resource.setrlimit(resource.RLIMIT_AS, (1, 1))\n"
+               "    subprocess.run(['true'], preexec_fn=capped)\n"
+               "limit = lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))\n")
+    assert _limits_set_in_pytest(planted) == [3, 8]

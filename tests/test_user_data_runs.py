@@ -186,18 +186,15 @@ def test_a_damaged_history_is_one_line(script, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------- what the machine refuses
-def test_a_full_disk_is_one_line_naming_the_file(script, tmp_path, capsys):
-    import resource
-
+def test_a_full_disk_is_one_line_naming_the_file(script, tmp_path, capsys, with_file_size_limit):
     out = tmp_path / "run"
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))       # the checkpoint needs about 100 kB
-    try:
-        status = script("train_cifar_mixer", *MIXER, "--epochs", "1", "--out", out)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+    def run():
+        return script("train_cifar_mixer", *MIXER, "--epochs", "1", "--out", out), capsys.readouterr().err
+
+    status, err = with_file_size_limit(20_000, run)                  # the checkpoint needs about 100 kB
     assert status == 1
-    error = one_error_line(capsys.readouterr().err)
+    error = one_error_line(err)
     assert f"checkpoint.save: writing {out / 'checkpoint.npz'} failed: File too large" in error
     assert not out.exists()                  # nothing was written: the folder the run created is gone
 
