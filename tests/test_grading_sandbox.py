@@ -80,6 +80,13 @@ def test_nothing_a_notebook_starts_outlives_its_run_or_writes_outside_its_scratc
 
 
 @pytest.mark.slow
+def around_python():
+    """The names in the checkout that the sandbox shows: the first folders on the way to a Python
+    folder inside it (a virtual environment in the checkout), nothing else."""
+    inside = [pathlib.Path(f).relative_to(ROOT) for f in sandbox.python_folders() if f.startswith(f"{ROOT}{os.sep}")]
+    return {f.parts[0] for f in inside}
+
+
 @needs_sandbox
 def test_a_notebook_sees_neither_the_answer_key_nor_the_classmates_nor_the_network(tmp_path, checkout_env):
     bob = submit(tmp_path / "subs", "bob", "04_layernorm.ipynb", "x = 1")
@@ -89,7 +96,9 @@ def test_a_notebook_sees_neither_the_answer_key_nor_the_classmates_nor_the_netwo
     listener.settimeout(0.1)
     port = listener.getsockname()[1]
     probes = {"the answer key": f"open({str(KEY)!r}).read()", "a classmate": f"open({str(bob)!r}).read()",
-              "the checkout": f"__import__('os').listdir({str(ROOT)!r})",
+              "the checkout": f"open({str(ROOT / 'setup.cfg')!r}).read()",
+              "the checkout's folders": f"assert set(__import__('os').listdir({str(ROOT)!r})) - {around_python()!r}",
+              "the library's code": f"open({str(ROOT / 'tinymlp' / 'ops' / 'norm.py')!r}).read()",
               "the network": f"__import__('socket').create_connection(('127.0.0.1', {port}), timeout=2)",
               "a file outside": f"open({str(tmp_path / 'planted')!r}, 'w').write('x')",
               "the grader's files": "open('/sandbox/lib/tinymlp/lessons/grader.py', 'a').write('#')",
@@ -187,3 +196,21 @@ def test_without_a_sandbox_the_grader_says_so_in_one_line_and_grades_only_when_t
     data = json.loads(subprocess.run([sys.executable, str(CHECKS), "--no-execute", "--unconfined", "--json", path],
                                      capture_output=True, text=True, timeout=300, env=env).stdout)
     assert data["confined"] is False
+
+
+@pytest.mark.parametrize("where", ["site-packages holds the package", "a shown folder holds the checkout"])
+def test_the_library_and_the_checkout_are_covered_where_a_shown_folder_holds_them(where, monkeypatch):
+    """tinymlp installed into a virtual environment's site-packages (not editable) puts the
+    exercises' library code inside a folder the sandbox shows: an empty folder covers it."""
+    shown = ROOT if where.startswith("site") else ROOT.parent        # as python_folders() would find it
+    monkeypatch.setattr(sandbox, "python_folders", lambda: [str(shown)])
+    box = sandbox.Sandbox(ROOT / "tinymlp")
+    try:
+        argv = box.argv(["true"])
+    finally:
+        box.end()
+    covered = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"}
+    assert str(ROOT / "tinymlp") in covered
+    assert (str(ROOT) in covered) is (shown != ROOT)                # never the shown folder itself
+    at = {(arg, argv[i + 1]): i for i, arg in enumerate(argv[:-1])}
+    assert at["--ro-bind", str(shown)] < at["--tmpfs", str(ROOT / "tinymlp")], "covered after it is shown"

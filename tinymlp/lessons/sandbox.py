@@ -16,8 +16,10 @@ user with no capabilities, a process sees
 and nothing else: not the checkout (the answer key in ``lessons/``), not the other students'
 notebooks, not the grader's outputs, not the network (a network namespace of its own with only
 loopback), not the other processes of the machine (a PID namespace of its own). Where one of
-those places lies inside a folder shown (a checkout holding its virtual environment), it is
-covered by an empty one.
+those places lies inside a folder shown (a checkout inside the virtual environment's folder, or
+tinymlp installed into its site-packages), it is covered by an empty one. Where a folder shown
+lies inside one of them (a virtual environment inside the checkout), the sandbox holds that folder
+alone: the names on its path are seen, nothing else of the checkout.
 
 ``Sandbox.start`` runs a command in it; ``Sandbox.end`` kills the sandbox's first process, the
 kernel then kills every other process of its PID namespace, and ``end`` returns only once they
@@ -47,7 +49,9 @@ import time
 __all__ = ["LIB", "SCRATCH", "Sandbox", "unavailable"]
 
 LIB, SCRATCH = "/sandbox/lib", "/sandbox/scratch"
-ROOT = pathlib.Path(__file__).resolve().parent.parent.parent  # the checkout (or site-packages when installed)
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent  # the tinymlp package: the exercises' library code
+ROOT = PACKAGE.parent  # the checkout (or site-packages when installed)
+CHECKOUT = ROOT if (ROOT / "setup.cfg").exists() else None  # its answer key in lessons/; not site-packages
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/fonts",
        "/etc/localtime", "/etc/matplotlibrc")
@@ -116,7 +120,7 @@ class Sandbox:
 
     def __init__(self, package, *, hide=()):
         self.package = pathlib.Path(package)
-        self.hide = [os.path.realpath(p) for p in (ROOT, *hide)]
+        self.hide = [os.path.realpath(p) for p in (PACKAGE, *([CHECKOUT] if CHECKOUT else []), *hide)]
         self.scratch = pathlib.Path(tempfile.mkdtemp(prefix="tinymlp-sandbox-"))
         self.scratch.chmod(0o777)  # the sandbox's user writes here (the files stay the grader's user's outside)
         self.process = self.said = None
