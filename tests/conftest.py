@@ -9,6 +9,11 @@ example scripts, the CuPy stand-in's steps, long property runs); together the tw
 suite, which ``--all`` runs in one go. A ``-m`` expression of your own, or a test file or test
 named on the command line (``pytest tests/test_lessons.py``), runs what it selects, marked or not.
 
+A suite (the everyday one, the rest, ``--all``) runs on every core, through pytest-xdist: one
+process per core, each with one BLAS and numba thread, the tests handed out as processes come
+free (``--dist worksteal``). A file or a test named, ``-s``, ``--pdb``, or ``-n 0`` run in this
+process alone; ``-n N`` chooses the number of processes.
+
 Profiles (select with HYPOTHESIS_PROFILE=dev|ci|nightly; CI=true selects "ci"):
 gradient checks are finite-difference loops, so deadlines are off everywhere.
 """
@@ -16,11 +21,15 @@ gradient checks are finite-difference loops, so deadlines are off everywhere.
 import os
 import pathlib
 
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, settings
+if os.environ.get("PYTEST_XDIST_WORKER"):      # one test process per core: one thread each
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
-import tinymlp
+import numpy as np  # noqa: E402  (after the thread counts above, which NumPy and numba read once)
+import pytest
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+import tinymlp  # noqa: E402
 
 settings.register_profile("dev", max_examples=15, deadline=None)
 settings.register_profile(
@@ -53,6 +62,55 @@ def everyday_only(config) -> bool:
         return False
     named = [arg for arg in config.args if "::" in arg or arg.split("::")[0].endswith(".py")]
     return not named
+
+
+WHOLE_SUITES = ("slow or lessons",)
+"""The ``-m`` expressions that select a whole suite (the rest), run on every core like the everyday one."""
+
+MOST_PROCESSES = 8
+"""At most this many test processes however many cores (each holds a few hundred MB)."""
+
+
+def runs_in_parallel(config) -> bool:
+    """Whether this run hands its tests to one process per core: a whole suite (the everyday one,
+    the rest, ``--all``), pytest-xdist installed, and no ``-n``, ``-s``, ``--pdb`` or ``--collect-only``."""
+    option = config.option
+    if getattr(option, "numprocesses", 0) is not None or getattr(option, "tx", None):
+        return False                                # xdist missing (no option), or -n / --tx given
+    if option.capture == "no" or option.usepdb or option.collectonly:
+        return False
+    suite = config.getoption("--all") or option.markexpr in WHOLE_SUITES
+    named = [arg for arg in config.args if "::" in arg or arg.split("::")[0].endswith(".py")]
+    return (suite or everyday_only(config)) and not named
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A whole suite runs on every core (before pytest-xdist reads its options)."""
+    if runs_in_parallel(config):
+        config.option.numprocesses = "auto"
+        config.option.maxprocesses = MOST_PROCESSES
+        config.option.dist = "worksteal"
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_WorkersLeftForLater(), "tinymlp-left-for-later")
+
+
+class _WorkersLeftForLater:
+    """Under pytest-xdist the test processes collect and deselect: each reports how many tests it
+    left for later, and the summary line below says it as for a run in one process."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        left = getattr(node, "workeroutput", {}).get("left_for_later", 0)
+        node.config.stash[_LEFT_FOR_LATER] = max(left, node.config.stash.get(_LEFT_FOR_LATER, 0))
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):    # a test process of pytest-xdist: tell the main one
+        session.config.workeroutput["left_for_later"] = session.config.stash.get(_LEFT_FOR_LATER, 0)
 
 
 def pytest_collection_modifyitems(config, items):

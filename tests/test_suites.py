@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import everyday_only
+from conftest import MOST_PROCESSES, everyday_only, pytest_cmdline_main, runs_in_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +36,34 @@ class _Config(SimpleNamespace):
 def test_which_runs_are_the_everyday_suite(args, markexpr, everything, everyday):
     config = _Config(args=args, option=SimpleNamespace(markexpr=markexpr), all=everything)
     assert everyday_only(config) is everyday
+
+
+def _options(markexpr="", **given):
+    """pytest's options as a run without -n, -s, --pdb or --collect-only has them, but for ``given``."""
+    return SimpleNamespace(**{"markexpr": markexpr, "numprocesses": None, "tx": [], "capture": "fd", "usepdb": False,
+                              "collectonly": False, "maxprocesses": None, "dist": "no", **given})
+
+
+@pytest.mark.parametrize("args,option,everything,parallel", [
+    ([], _options(), False, True), (["tests"], _options("slow or lessons"), False, True),
+    ([], _options(), True, True), (["-k", "linear"], _options(), False, True),
+    (["tests/test_lessons.py"], _options(), False, False), (["tests/test_x.py::test_y"], _options(), True, False),
+    ([], _options("cuda"), False, False), ([], _options(numprocesses=0), False, False),
+    ([], _options(capture="no"), False, False), ([], _options(usepdb=True), False, False),
+    ([], _options(collectonly=True), False, False),
+])
+def test_a_whole_suite_runs_on_every_core_and_a_named_test_in_one_process(args, option, everything, parallel):
+    config = _Config(args=args, option=option, all=everything)
+    assert runs_in_parallel(config) is parallel
+    pytest_cmdline_main(config)
+    assert (option.numprocesses, option.dist) == (("auto", "worksteal") if parallel else (option.numprocesses, "no"))
+    assert option.maxprocesses == (MOST_PROCESSES if parallel else None)
+
+
+def test_without_pytest_xdist_every_run_is_in_one_process():
+    option = _options()
+    del option.numprocesses, option.tx                               # the options xdist adds
+    assert not runs_in_parallel(_Config(args=[], option=option, all=False))
 
 
 def _collected(*args):
