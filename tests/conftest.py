@@ -73,7 +73,11 @@ MOST_PROCESSES = 8
 
 def runs_in_parallel(config) -> bool:
     """Whether this run hands its tests to one process per core: a whole suite (the everyday one,
-    the rest, ``--all``), pytest-xdist installed, and no ``-n``, ``-s``, ``--pdb`` or ``--collect-only``."""
+    the rest, ``--all``), pytest-xdist installed, and no ``-n``, ``-s``, ``--pdb`` or ``--collect-only``.
+    Never in a test process of pytest-xdist, which reads the same command line (nor in a pytest
+    that a test of one starts): each would start processes of its own."""
+    if hasattr(config, "workerinput") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
     option = config.option
     if getattr(option, "numprocesses", 0) is not None or getattr(option, "tx", None):
         return False                                # xdist missing (no option), or -n / --tx given

@@ -52,12 +52,24 @@ def _options(markexpr="", **given):
     ([], _options(capture="no"), False, False), ([], _options(usepdb=True), False, False),
     ([], _options(collectonly=True), False, False),
 ])
-def test_a_whole_suite_runs_on_every_core_and_a_named_test_in_one_process(args, option, everything, parallel):
+def test_a_whole_suite_runs_on_every_core_and_a_named_test_in_one_process(args, option, everything, parallel,
+                                                                        monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)        # as the suite's own pytest reads it
     config = _Config(args=args, option=option, all=everything)
     assert runs_in_parallel(config) is parallel
     pytest_cmdline_main(config)
     assert (option.numprocesses, option.dist) == (("auto", "worksteal") if parallel else (option.numprocesses, "no"))
     assert option.maxprocesses == (MOST_PROCESSES if parallel else None)
+
+
+def test_a_test_process_of_pytest_xdist_starts_none_of_its_own(monkeypatch):
+    """Its command line is the suite's: read as a suite, each process would start processes, and
+    each of those more."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert runs_in_parallel(_Config(args=[], option=_options(), all=False))
+    assert not runs_in_parallel(_Config(args=[], option=_options(), all=False, workerinput={"workerid": "gw0"}))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")                  # a pytest that a test process starts
+    assert not runs_in_parallel(_Config(args=[], option=_options(), all=False))
 
 
 def test_without_pytest_xdist_every_run_is_in_one_process():
