@@ -21,15 +21,11 @@ gradient checks are finite-difference loops, so deadlines are off everywhere.
 import os
 import pathlib
 
-if os.environ.get("PYTEST_XDIST_WORKER"):      # one test process per core: one thread each
-    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ.setdefault(_var, "1")
-
-import numpy as np  # noqa: E402  (after the thread counts above, which NumPy and numba read once)
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, settings
 
-import tinymlp  # noqa: E402
+import tinymlp
 
 settings.register_profile("dev", max_examples=15, deadline=None)
 settings.register_profile(
@@ -70,6 +66,9 @@ WHOLE_SUITES = ("slow or lessons",)
 MOST_PROCESSES = 8
 """At most this many test processes however many cores (each holds a few hundred MB)."""
 
+THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+"""The thread counts a test process inherits as 1 (unless set): one process per core already."""
+
 
 def runs_in_parallel(config) -> bool:
     """Whether this run hands its tests to one process per core: a whole suite (the everyday one,
@@ -90,8 +89,13 @@ def runs_in_parallel(config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """A whole suite runs on every core (before pytest-xdist reads its options)."""
+    """A whole suite runs on every core (before pytest-xdist reads its options). The thread counts
+    are set here, in the environment the test processes start with: NumPy and numba read them at
+    import, which in a test process comes before this file (setup.cfg's filterwarnings names a
+    tinymlp class)."""
     if runs_in_parallel(config):
+        for var in THREADS:
+            os.environ.setdefault(var, "1")
         config.option.numprocesses = "auto"
         config.option.maxprocesses = MOST_PROCESSES
         config.option.dist = "worksteal"

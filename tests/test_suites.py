@@ -3,6 +3,7 @@ pytest -m "slow or lessons"`` (the rest) are the whole suite between them, and t
 keeps what it promises: every op's gradient tests, the engine, a step of each model, the command
 lines' refusals."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import MOST_PROCESSES, everyday_only, pytest_cmdline_main, runs_in_parallel
+from conftest import MOST_PROCESSES, THREADS, everyday_only, pytest_cmdline_main, runs_in_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,9 +56,12 @@ def _options(markexpr="", **given):
 def test_a_whole_suite_runs_on_every_core_and_a_named_test_in_one_process(args, option, everything, parallel,
                                                                         monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)        # as the suite's own pytest reads it
+    for var in THREADS:
+        monkeypatch.delenv(var, raising=False)                      # and restores them after the test
     config = _Config(args=args, option=option, all=everything)
     assert runs_in_parallel(config) is parallel
     pytest_cmdline_main(config)
+    assert [os.environ.get(var) for var in THREADS] == [("1" if parallel else None)] * len(THREADS)
     assert (option.numprocesses, option.dist) == (("auto", "worksteal") if parallel else (option.numprocesses, "no"))
     assert option.maxprocesses == (MOST_PROCESSES if parallel else None)
 
