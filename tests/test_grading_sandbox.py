@@ -79,7 +79,6 @@ def test_nothing_a_notebook_starts_outlives_its_run_or_writes_outside_its_scratc
     assert victim.read_text() == "the grader's"
 
 
-@pytest.mark.slow
 def around_python():
     """The names in the checkout that the sandbox shows: the first folders on the way to a Python
     folder inside it (a virtual environment in the checkout), nothing else."""
@@ -87,6 +86,7 @@ def around_python():
     return {f.parts[0] for f in inside}
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_a_notebook_sees_neither_the_answer_key_nor_the_classmates_nor_the_network(tmp_path, checkout_env):
     bob = submit(tmp_path / "subs", "bob", "04_layernorm.ipynb", "x = 1")
