@@ -133,3 +133,26 @@ def test_the_limit_rule_finds_a_limit_set_in_pytests_process():
                "    subprocess.run(['true'], preexec_fn=capped)\n"
                "limit = lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))\n")
     assert _limits_set_in_pytest(planted) == [3, 8]
+
+
+def _marked_helpers(source: str) -> list:
+    """The functions that carry a pytest mark but are not tests: a mark meant for the test below a
+    helper that was put between them (the test then runs in the wrong suite)."""
+    import ast
+
+    def is_mark(node):
+        target = node.func if isinstance(node, ast.Call) else node
+        return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute) \
+            and target.value.attr == "mark"
+
+    return [node.name for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_")
+            and any(is_mark(d) for d in node.decorator_list)]
+
+
+def test_every_mark_is_on_a_test():
+    found = {path.name: names for path in sorted((ROOT / "tests").glob("*.py"))
+             if (names := _marked_helpers(path.read_text()))}
+    assert found == {}
+    planted = "import pytest\n@pytest.mark.slow\ndef helper():\n    pass\n\ndef test_a():\n    pass\n"
+    assert _marked_helpers(planted) == ["helper"]
